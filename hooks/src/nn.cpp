@@ -1,0 +1,162 @@
+#include <flex/hooks/empty_init.h>
+#include <flex/hooks/errors.h>
+#include <flex/hooks/nn.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace flex {
+
+namespace {
+// PyTorch's default Linear init: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+void init_uniform(at::Tensor& t, int64_t fan_in) {
+  if (!t.defined() || t.is_meta()) return;
+  at::NoGradGuard guard;
+  const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+  t.uniform_(-bound, bound);
+}
+
+void fill(at::Tensor& t, double v) {
+  if (!t.defined() || t.is_meta()) return;
+  at::NoGradGuard guard;
+  t.fill_(v);
+}
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& options)
+    : Module("Linear"), in_features(in), out_features(out) {
+  add_parameter("weight", weight, new_parameter({out, in}, options));
+  init_uniform(weight, in);
+  if (with_bias) {
+    add_parameter("bias", bias, new_parameter({out}, options));
+    init_uniform(bias, in);
+  }
+}
+
+at::Tensor Linear::compute(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+Value Linear::forward(Inputs inputs) { return compute(inputs.tensor(0)); }
+
+Conv1D::Conv1D(int64_t out, int64_t in, const at::TensorOptions& options)
+    : Module("Conv1D"), in_features(in), out_features(out) {
+  add_parameter("weight", weight, new_parameter({in, out}, options));
+  if (!weight.is_meta()) {
+    at::NoGradGuard guard;
+    weight.normal_(0.0, 0.02);
+  }
+  add_parameter("bias", bias, new_parameter({out}, options));
+  fill(bias, 0.0);
+}
+
+at::Tensor Conv1D::compute(const at::Tensor& x) const {
+  auto sizes = x.sizes().vec();
+  sizes.back() = out_features;
+  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+}
+
+Value Conv1D::forward(Inputs inputs) { return compute(inputs.tensor(0)); }
+
+Embedding::Embedding(int64_t num, int64_t dim, const at::TensorOptions& options)
+    : Module("Embedding"), num_embeddings(num), embedding_dim(dim) {
+  add_parameter("weight", weight, new_parameter({num, dim}, options));
+  if (!weight.is_meta()) {
+    at::NoGradGuard guard;
+    weight.normal_(0.0, 1.0);
+  }
+}
+
+Value Embedding::forward(Inputs inputs) { return at::embedding(weight, inputs.tensor(0)); }
+
+LayerNorm::LayerNorm(int64_t d, double e, bool affine, const at::TensorOptions& options)
+    : Module("LayerNorm"), dim(d), eps(e) {
+  if (affine) {
+    add_parameter("weight", weight, new_parameter({d}, options));
+    add_parameter("bias", bias, new_parameter({d}, options));
+    fill(weight, 1.0);
+    fill(bias, 0.0);
+  }
+}
+
+Value LayerNorm::forward(Inputs inputs) { return at::layer_norm(inputs.tensor(0), {dim}, weight, bias, eps); }
+
+RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::TensorOptions& options)
+    : Module(std::move(class_name)), eps(e) {
+  add_parameter("weight", weight, new_parameter({dim}, options));
+  fill(weight, 1.0);
+}
+
+Value RMSNorm::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(var + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+Value Identity::forward(Inputs inputs) {
+  if (inputs.args.size() == 1 && inputs.kwargs.empty()) return inputs.args[0];
+  if (inputs.args.empty()) throw NotFoundError("Identity hook point '" + class_name() + "' called without input");
+  return c10::ivalue::Tuple::create(inputs.args);
+}
+
+Value Dropout::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  if (!is_training() || p == 0.0) return x;
+  return at::dropout(x, p, /*train=*/true);
+}
+
+namespace {
+std::string activation_class(const std::string& kind) {
+  if (kind == "gelu_new") return "NewGELUActivation";
+  if (kind == "gelu") return "GELUActivation";
+  if (kind == "gelu_pytorch_tanh") return "PytorchGELUTanh";
+  if (kind == "relu") return "ReLU";
+  if (kind == "silu" || kind == "swish") return "SiLU";
+  throw ConfigError("unsupported activation function '" + kind +
+                    "' (supported: gelu_new, gelu, gelu_pytorch_tanh, relu, silu)");
+}
+}  // namespace
+
+Activation::Activation(const std::string& k) : Module(activation_class(k)), kind(k) {}
+
+at::Tensor Activation::compute(const at::Tensor& x) const {
+  if (kind == "gelu_new") {
+    // Transformers' NewGELUActivation, same operation order.
+    const double c = std::sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + at::tanh(c * (x + 0.044715 * at::pow(x, 3.0))));
+  }
+  if (kind == "gelu") return at::gelu(x);
+  if (kind == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (kind == "relu") return at::relu(x);
+  return at::silu(x);
+}
+
+Value Activation::forward(Inputs inputs) { return compute(inputs.tensor(0)); }
+
+void ModuleList::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(items_.size()), m);
+  items_.push_back(std::move(m));
+}
+
+Value ModuleList::forward(Inputs) {
+  throw UnsupportedError("ModuleList is a container and cannot be called; call its items");
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> mods) : Module("Sequential") {
+  for (auto& m : mods) push_back(std::move(m));
+}
+
+void Sequential::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(items_.size()), m);
+  items_.push_back(std::move(m));
+}
+
+Value Sequential::forward(Inputs inputs) {
+  if (items_.empty()) return inputs.args.empty() ? Value() : inputs.args[0];
+  Value v = (*items_[0])(std::move(inputs));
+  for (size_t i = 1; i < items_.size(); ++i) v = (*items_[i])(Inputs{v});
+  return v;
+}
+
+}  // namespace flex
