@@ -1,0 +1,56 @@
+#pragma once
+// A model checkpoint on disk, resolved as Accelerate's load_checkpoint_in_model
+// does: one file (.safetensors or a torch.save .bin), a sharded index
+// (*.index.json with "weight_map", or a legacy flat {name: file} map), or a
+// folder holding pytorch_model.bin, model.safetensors or exactly one *.index.json
+// (tried in that order).
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flex {
+
+class Checkpoint {
+ public:
+  /// Resolves and opens every shard (safetensors shards are mmapped and
+  /// validated at once; .bin shards are read on first use). IOError for a
+  /// missing path, NotFoundError for a folder without a checkpoint or an index
+  /// naming a missing shard, FileFormatError for a folder with several index
+  /// files, a malformed index, a key the index places in a shard that lacks
+  /// it, or a key present in two shards.
+  static Checkpoint open(const std::string& path);
+
+  /// Shard files (absolute paths), sorted, unique.
+  const std::vector<std::string>& files() const;
+  /// Every tensor name, sorted.
+  std::vector<std::string> keys() const;
+  /// The names stored in `file` (one of files()), in file order.
+  std::vector<std::string> keys_in(const std::string& file) const;
+  bool contains(const std::string& key) const;
+  /// The shard holding `key`; NotFoundError with close names otherwise.
+  std::string file_of(const std::string& key) const;
+  /// safetensors: a zero-copy view of the mapping; .bin: the loaded tensor.
+  at::Tensor get(const std::string& key) const;
+  at::ScalarType dtype(const std::string& key) const;
+  std::vector<int64_t> shape(const std::string& key) const;
+  /// True when every shard is a safetensors file.
+  bool is_safetensors() const;
+  /// The file given to open() after folder resolution (the index or the single file).
+  const std::string& source() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Reads a torch.save (zip) file holding a flat dict of tensors, in file
+/// order, like torch.load(weights_only=True): only tensors, typed storages,
+/// OrderedDict and Parameter rebuilds are accepted; anything else gives
+/// UnsupportedError naming the file. Tensors sharing a storage stay views of it.
+std::vector<std::pair<std::string, at::Tensor>> load_torch_bin(const std::string& path);
+
+}  // namespace flex
