@@ -1,0 +1,130 @@
+#pragma once
+// FlexModel: wraps a flex::Module without changing it, attaches HookFunctions
+// by module name, organises them in groups, and collects what they capture.
+//
+//   auto out = std::make_shared<flex::OutputMap>();
+//   flex::FlexModel fm(model, out);
+//   fm.register_forward_hook(std::make_shared<flex::HookFunction>("transformer.h.0.mlp"));
+//   fm.forward(inputs);            // (*out)["transformer.h.0.mlp"] now holds one tensor
+//
+// Hook groups: every hook is in "all". forward(inputs, groups, complement)
+// enables the hooks in the union of `groups` (or those outside it), disables
+// the rest, and runs the model; that selection stays until the next forward,
+// so a backward pass after it sees the same hooks. Naming a group that was
+// never created is an error (a typo would otherwise silently disable hooks).
+#include <flex/flexcore/activation_router.h>
+#include <flex/flexcore/activation_sink.h>
+#include <flex/flexcore/hook_function.h>
+
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace flex {
+
+class FlexModel {
+ public:
+  /// `output` receives captures (created when null); see output().
+  explicit FlexModel(std::shared_ptr<Module> module, std::shared_ptr<OutputMap> output = nullptr);
+  /// Removes every hook this FlexModel added.
+  ~FlexModel();
+  FlexModel(const FlexModel&) = delete;
+  FlexModel& operator=(const FlexModel&) = delete;
+
+  /// Runs the wrapped module with the hooks of `groups` (or, with `complement`, all others).
+  Value forward(Inputs inputs, const std::vector<std::string>& groups = {"all"}, bool complement = false);
+  at::Tensor forward(const at::Tensor& x, const std::vector<std::string>& groups = {"all"},
+                     bool complement = false);
+
+  // --- registration: each returns a handle whose remove() detaches that hook ---------
+  /// Unknown module (or parameter) names fail here, naming the closest ones.
+  HookHandle register_forward_hook(const HookFunctionPtr& hook);
+  HookHandle register_forward_pre_hook(const HookFunctionPtr& hook);
+  HookHandle register_full_backward_hook(const HookFunctionPtr& hook);
+  HookHandle register_full_backward_pre_hook(const HookFunctionPtr& hook);
+  /// Gradient hook on the parameter or buffer named hook->module_name().
+  HookHandle register_hook(const HookFunctionPtr& hook);
+  HookHandle register_hook_function(const HookFunctionPtr& hook, HookType type);
+
+  // --- groups --------------------------------------------------------------------------
+  /// One HookFunction per module (or, for HookType::Tensor, per parameter) whose
+  /// name contains `substring`, all sharing `options`, tagged `group`. Throws
+  /// NotFoundError when nothing matches.
+  std::vector<HookFunctionPtr> create_hook_group(const std::string& group, const std::string& substring,
+                                                 const HookFunctionOptions& options = {},
+                                                 HookType type = HookType::Forward);
+  /// The same, selecting names that fully match `pattern`.
+  std::vector<HookFunctionPtr> create_hook_group(const std::string& group, const std::regex& pattern,
+                                                 const HookFunctionOptions& options = {},
+                                                 HookType type = HookType::Forward);
+  /// Adds the tag `group` to the given hooks / to hooks whose module name contains `substring`.
+  void update_hook_groups(const std::vector<HookFunctionPtr>& hooks, const std::string& group);
+  void update_hook_groups(const std::string& substring, const std::string& group);
+  /// Removes the tag (never "all": ConfigError).
+  void remove_hook_groups(const std::vector<HookFunctionPtr>& hooks, const std::string& group);
+  void remove_hook_groups(const std::string& substring, const std::string& group);
+  std::set<std::string> get_hook_function_groups(const HookFunctionPtr& hook) const;
+  std::vector<HookFunctionPtr> get_group_hook_functions(const std::string& group) const;
+  /// Every registered hook, in registration order.
+  std::vector<HookFunctionPtr> hook_functions() const;
+
+  // --- state shared with editing functions ---------------------------------------------
+  SaveContext& save_ctx() { return save_ctx_; }
+  void register_trainable_module(const std::string& name, std::shared_ptr<torch::nn::Module> module);
+  TrainableModules& trainable_modules() { return trainable_; }
+  /// Sets requires_grad on every parameter of the wrapped module.
+  void wrapped_module_requires_grad(bool requires_grad);
+
+  // --- introspection ---------------------------------------------------------------------
+  /// The whole parameter (gathered under tensor parallelism), detached.
+  at::Tensor get_module_parameter(const std::string& name, const std::vector<int64_t>& expected_shape = {});
+  std::vector<std::string> wrapped_module_names() const;
+  std::vector<std::string> trainable_modules_names() const { return trainable_.names(); }
+  std::vector<std::string> all_modules_names() const;
+
+  // --- captures ------------------------------------------------------------------------
+  /// Module name -> one tensor per capturing call (CPU, detached; rank 0 only).
+  /// Gradient captures use keys "<name>#grad_input", "<name>#grad_output",
+  /// "<param>#grad"; forward-pre captures "<name>#input".
+  OutputMap& output() { return *output_; }
+  const std::shared_ptr<OutputMap>& output_ptr() const { return output_; }
+  void clear() { output_->clear(); }
+  /// Sends captures to `sink` instead of the output map (null restores the map).
+  void set_sink(std::shared_ptr<ActivationSink> sink);
+  /// Installs the parallel router (null: single process).
+  void set_router(std::shared_ptr<ActivationRouter> router) { router_ = std::move(router); }
+  int64_t forward_count() const { return forward_count_; }
+
+  /// Removes every hook this FlexModel added and returns the module, whose
+  /// outputs are then bitwise those before wrapping.
+  std::shared_ptr<Module> restore();
+  const std::shared_ptr<Module>& module() const { return module_; }
+
+  /// Runs one hook's capture/edit logic on `local` (used by the registered
+  /// hooks; public for tests and custom hook points).
+  at::Tensor process(const HookFunction& hook, Module& module, const at::Tensor& local);
+
+ private:
+  struct Entry;
+  Entry& entry_for(const HookFunctionPtr& hook);
+  const Entry* find_entry(const HookFunction* hook) const;
+  void detach(const HookFunction* hook);
+  std::vector<HookFunctionPtr> match(const std::string& group, const std::function<bool(const std::string&)>& pred,
+                                     const HookFunctionOptions& options, HookType type, const std::string& what);
+  void capture(const HookFunction& hook, const at::Tensor& t);
+  std::string capture_key(const HookFunction& hook) const;
+
+  std::shared_ptr<Module> module_;
+  std::shared_ptr<OutputMap> output_;
+  std::shared_ptr<ActivationSink> sink_;
+  std::shared_ptr<ActivationRouter> router_;
+  SaveContext save_ctx_;
+  TrainableModules trainable_;
+  std::vector<std::shared_ptr<Entry>> entries_;
+  std::set<std::string> known_groups_{"all"};  // every group ever named; others are typos
+  int64_t forward_count_ = 0;
+};
+
+}  // namespace flex

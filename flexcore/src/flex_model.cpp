@@ -1,0 +1,406 @@
+#include <flex/flexcore/flex_model.h>
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/irange.h>
+
+#include <sstream>
+
+namespace flex {
+
+struct FlexModel::Entry {
+  HookFunctionPtr hook;
+  std::set<std::string> groups{"all"};
+  bool enabled = true;
+  std::vector<std::function<void()>> removers;
+};
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << (s[i] == kAnyDim ? std::string("*") : std::to_string(s[i]));
+  os << "]";
+  return os.str();
+}
+
+void check_expected_shape(const HookFunction& hook, const at::Tensor& t) {
+  const auto& exp = hook.options().expected_shape;
+  if (exp.empty()) return;
+  bool ok = static_cast<int64_t>(exp.size()) == t.dim();
+  for (size_t i = 0; ok && i < exp.size(); ++i) ok = exp[i] == kAnyDim || exp[i] == t.size(static_cast<int64_t>(i));
+  if (!ok)
+    throw ShapeError(hook.describe() + ": activation has shape " + shape_str(t.sizes()) + ", expected " +
+                     shape_str(exp));
+}
+
+// The positional arguments as one tuple, so the same leaf logic applies.
+Value args_as_value(const Inputs& in) { return c10::ivalue::Tuple::create(in.args); }
+
+}  // namespace
+
+FlexModel::FlexModel(std::shared_ptr<Module> module, std::shared_ptr<OutputMap> output)
+    : module_(std::move(module)), output_(output ? std::move(output) : std::make_shared<OutputMap>()) {
+  if (!module_) throw ConfigError("FlexModel needs a module, got null");
+  sink_ = std::make_shared<MemorySink>(output_);
+}
+
+FlexModel::~FlexModel() {
+  try {
+    restore();
+  } catch (...) {
+    // Destructors must not throw; restore only removes hooks.
+  }
+}
+
+void FlexModel::set_sink(std::shared_ptr<ActivationSink> sink) {
+  sink_ = sink ? std::move(sink) : std::make_shared<MemorySink>(output_);
+}
+
+Value FlexModel::forward(Inputs inputs, const std::vector<std::string>& groups, bool complement) {
+  for (const auto& g : groups) {
+    if (!known_groups_.count(g)) {
+      std::vector<std::string> names(known_groups_.begin(), known_groups_.end());
+      throw NotFoundError("no hook group named '" + g + "'; groups: " + c10::Join(", ", names));
+    }
+  }
+  for (auto& e : entries_) {
+    bool in = false;
+    for (const auto& g : groups) in = in || e->groups.count(g);
+    e->enabled = complement ? !in : in;
+  }
+  Value out = (*module_)(std::move(inputs));
+  sink_->end_forward(forward_count_);
+  ++forward_count_;
+  return out;
+}
+
+at::Tensor FlexModel::forward(const at::Tensor& x, const std::vector<std::string>& groups, bool complement) {
+  Value out = forward(Inputs{Value(x)}, groups, complement);
+  if (out.isTensor()) return out.toTensor();
+  at::Tensor t = find_first_tensor(out);
+  if (!t.defined()) throw NotFoundError("wrapped module returned no tensor");
+  return t;
+}
+
+at::Tensor FlexModel::process(const HookFunction& hook, Module& module, const at::Tensor& local) {
+  const HookFunctionOptions& o = hook.options();
+  at::Tensor whole = router_ ? router_->gather(hook, module, local) : local;
+  check_expected_shape(hook, whole);
+  if (o.save && (!o.save_after_edit || !o.editing_function)) capture(hook, whole);
+  if (!o.editing_function) return local;
+  at::Tensor edited = o.editing_function(module, whole, save_ctx_, trainable_);
+  if (!edited.defined()) throw ShapeError(hook.describe() + ": editing function returned an undefined tensor");
+  if (edited.sizes() != whole.sizes())
+    throw ShapeError(hook.describe() + ": editing function returned shape " + shape_str(edited.sizes()) +
+                     " but the activation has shape " + shape_str(whole.sizes()));
+  if (o.save && o.save_after_edit) capture(hook, edited);
+  return router_ ? router_->scatter(hook, module, edited) : edited;
+}
+
+std::string FlexModel::capture_key(const HookFunction& hook) const {
+  switch (hook.type()) {
+    case HookType::Forward: return hook.module_name();
+    case HookType::ForwardPre: return hook.module_name() + "#input";
+    case HookType::FullBackward: return hook.module_name() + "#grad_input";
+    case HookType::FullBackwardPre: return hook.module_name() + "#grad_output";
+    case HookType::Tensor: return hook.module_name() + "#grad";
+  }
+  return hook.module_name();
+}
+
+void FlexModel::capture(const HookFunction& hook, const at::Tensor& t) {
+  if (router_ && !router_->stores_captures()) return;
+  at::Tensor c = t.detach().to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  sink_->write(capture_key(hook), forward_count_, c);
+}
+
+const FlexModel::Entry* FlexModel::find_entry(const HookFunction* hook) const {
+  for (const auto& e : entries_)
+    if (e->hook.get() == hook) return e.get();
+  return nullptr;
+}
+
+FlexModel::Entry& FlexModel::entry_for(const HookFunctionPtr& hook) {
+  for (auto& e : entries_)
+    if (e->hook == hook) return *e;
+  throw NotFoundError("hook function " + (hook ? hook->describe() : std::string("(null)")) +
+                      " is not registered with this FlexModel");
+}
+
+void FlexModel::detach(const HookFunction* hook) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if ((*it)->hook.get() != hook) continue;
+    for (auto& remove : (*it)->removers) remove();
+    entries_.erase(it);
+    return;
+  }
+}
+
+namespace {
+// Applies `fn` to the unpack_idx-th tensor leaf of `v`, rebuilding `v` when it changed.
+Value process_leaf(const HookFunction& hook, const Value& v,
+                   const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  auto leaves = tensor_leaves(v);
+  if (leaves.empty()) return v;
+  const size_t idx = hook.options().unpack_idx;
+  if (idx >= leaves.size())
+    throw NotFoundError(hook.describe() + ": unpack_idx " + std::to_string(idx) + " but the value holds only " +
+                        std::to_string(leaves.size()) + " tensors");
+  at::Tensor r = fn(leaves[idx]);
+  if (r.is_same(leaves[idx])) return v;
+  if (v.isTensor()) return r;
+  return replace_tensor_leaf(v, idx, r);
+}
+
+void set_args(Inputs& in, const Value& tuple) {
+  auto elems = tuple.toTupleRef().elements();
+  for (size_t i = 0; i < in.args.size(); ++i) in.args[i] = elems[i];
+}
+}  // namespace
+
+HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookType type) {
+  if (!hook) throw ConfigError("cannot register a null HookFunction");
+  if (find_entry(hook.get()))
+    throw ConfigError(hook->describe() + " is already registered with this FlexModel");
+  const std::string& name = hook->module_name();
+  hook->type_ = type;
+  auto e = std::make_shared<Entry>();
+  e->hook = hook;
+  std::weak_ptr<Entry> weak = e;
+
+  if (type == HookType::Tensor) {
+    at::Tensor param = get_module_tensor(*module_, name);  // throws with close names
+    const size_t dot = name.rfind('.');
+    std::weak_ptr<Module> owner = module_->get_submodule(dot == std::string::npos ? "" : name.substr(0, dot));
+    if (!param.requires_grad())
+      throw ConfigError(hook->describe() + ": the tensor does not require grad, so it never gets a gradient");
+    unsigned id = param.register_hook([this, weak, owner](const at::Tensor& grad) -> at::Tensor {
+      auto en = weak.lock();
+      auto m = owner.lock();
+      if (!en || !en->enabled || !m) return grad;
+      return process(*en->hook, *m, grad);
+    });
+    e->removers.push_back([param, id]() mutable { param.remove_hook(id); });
+  } else {
+    std::shared_ptr<Module> mod = module_->get_submodule(name);  // throws with close names
+    std::weak_ptr<Module> wmod = mod;
+    HookHandle h;
+    switch (type) {
+      case HookType::Forward:
+        h = mod->register_forward_hook([this, weak](Module& m, const Inputs&, Value& out) {
+          auto en = weak.lock();
+          if (!en || !en->enabled) return;
+          out = process_leaf(*en->hook, out, [&](const at::Tensor& t) { return process(*en->hook, m, t); });
+        });
+        break;
+      case HookType::ForwardPre:
+        h = mod->register_forward_pre_hook([this, weak](Module& m, Inputs& in) {
+          auto en = weak.lock();
+          if (!en || !en->enabled) return;
+          Value args = args_as_value(in);
+          Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) { return process(*en->hook, m, t); });
+          set_args(in, r);
+        });
+        break;
+      case HookType::FullBackwardPre:
+        // The gradient w.r.t. the output arrives at a hook on the output tensor.
+        h = mod->register_forward_hook([this, weak, wmod](Module&, const Inputs&, Value& out) {
+          auto en = weak.lock();
+          if (!en || !en->enabled) return;
+          process_leaf(*en->hook, out, [&](const at::Tensor& t) {
+            if (t.requires_grad()) {
+              t.register_hook([this, weak, wmod](const at::Tensor& g) -> at::Tensor {
+                auto en2 = weak.lock();
+                auto m = wmod.lock();
+                if (!en2 || !m) return g;
+                return process(*en2->hook, *m, g);
+              });
+            }
+            return t;
+          });
+        });
+        break;
+      case HookType::FullBackward:
+        // The gradient w.r.t. the input arrives at a hook on an alias of the
+        // input that the forward consumes.
+        h = mod->register_forward_pre_hook([this, weak, wmod](Module&, Inputs& in) {
+          auto en = weak.lock();
+          if (!en || !en->enabled) return;
+          Value args = args_as_value(in);
+          Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) {
+            if (!t.requires_grad()) return t;
+            at::Tensor alias = t.view_as(t);
+            alias.register_hook([this, weak, wmod](const at::Tensor& g) -> at::Tensor {
+              auto en2 = weak.lock();
+              auto m = wmod.lock();
+              if (!en2 || !m) return g;
+              return process(*en2->hook, *m, g);
+            });
+            return alias;
+          });
+          set_args(in, r);
+        });
+        break;
+      case HookType::Tensor:
+        break;
+    }
+    e->removers.push_back([h]() mutable { h.remove(); });
+  }
+  entries_.push_back(e);
+  std::weak_ptr<Entry> alive = e;
+  const HookFunction* raw = hook.get();
+  return HookHandle([this, alive, raw]() {
+    if (alive.lock()) detach(raw);
+  });
+}
+
+HookHandle FlexModel::register_forward_hook(const HookFunctionPtr& h) {
+  return register_hook_function(h, HookType::Forward);
+}
+HookHandle FlexModel::register_forward_pre_hook(const HookFunctionPtr& h) {
+  return register_hook_function(h, HookType::ForwardPre);
+}
+HookHandle FlexModel::register_full_backward_hook(const HookFunctionPtr& h) {
+  return register_hook_function(h, HookType::FullBackward);
+}
+HookHandle FlexModel::register_full_backward_pre_hook(const HookFunctionPtr& h) {
+  return register_hook_function(h, HookType::FullBackwardPre);
+}
+HookHandle FlexModel::register_hook(const HookFunctionPtr& h) { return register_hook_function(h, HookType::Tensor); }
+
+std::vector<HookFunctionPtr> FlexModel::match(const std::string& group,
+                                              const std::function<bool(const std::string&)>& pred,
+                                              const HookFunctionOptions& options, HookType type,
+                                              const std::string& what) {
+  std::vector<std::string> names;
+  if (type == HookType::Tensor) {
+    for (const auto& kv : state_dict(*module_))
+      if (kv.second.requires_grad()) names.push_back(kv.first);
+  } else {
+    for (const auto& nm : module_->named_flex_modules())
+      if (!nm.first.empty()) names.push_back(nm.first);
+  }
+  std::vector<HookFunctionPtr> made;
+  for (const auto& n : names) {
+    if (!pred(n)) continue;
+    auto hf = std::make_shared<HookFunction>(n, options);
+    register_hook_function(hf, type);
+    entry_for(hf).groups.insert(group);
+    known_groups_.insert(group);
+    made.push_back(hf);
+  }
+  if (made.empty())
+    throw NotFoundError("hook group '" + group + "': no " +
+                        (type == HookType::Tensor ? std::string("parameter") : std::string("module")) +
+                        " name matches " + what);
+  return made;
+}
+
+std::vector<HookFunctionPtr> FlexModel::create_hook_group(const std::string& group, const std::string& substring,
+                                                          const HookFunctionOptions& options, HookType type) {
+  return match(
+      group, [&](const std::string& n) { return n.find(substring) != std::string::npos; }, options, type,
+      "substring '" + substring + "'");
+}
+
+std::vector<HookFunctionPtr> FlexModel::create_hook_group(const std::string& group, const std::regex& pattern,
+                                                          const HookFunctionOptions& options, HookType type) {
+  return match(
+      group, [&](const std::string& n) { return std::regex_match(n, pattern); }, options, type,
+      "the regular expression");
+}
+
+void FlexModel::update_hook_groups(const std::vector<HookFunctionPtr>& hooks, const std::string& group) {
+  for (const auto& h : hooks) entry_for(h);  // validate all before changing any
+  for (const auto& h : hooks) entry_for(h).groups.insert(group);
+  known_groups_.insert(group);
+}
+
+void FlexModel::update_hook_groups(const std::string& substring, const std::string& group) {
+  for (auto& e : entries_)
+    if (e->hook->module_name().find(substring) != std::string::npos) e->groups.insert(group);
+  known_groups_.insert(group);
+}
+
+void FlexModel::remove_hook_groups(const std::vector<HookFunctionPtr>& hooks, const std::string& group) {
+  if (group == "all") throw ConfigError("every hook is in group 'all'; it cannot be removed from it");
+  for (const auto& h : hooks) entry_for(h);
+  for (const auto& h : hooks) entry_for(h).groups.erase(group);
+}
+
+void FlexModel::remove_hook_groups(const std::string& substring, const std::string& group) {
+  if (group == "all") throw ConfigError("every hook is in group 'all'; it cannot be removed from it");
+  for (auto& e : entries_)
+    if (e->hook->module_name().find(substring) != std::string::npos) e->groups.erase(group);
+}
+
+std::set<std::string> FlexModel::get_hook_function_groups(const HookFunctionPtr& hook) const {
+  const Entry* e = find_entry(hook.get());
+  if (!e) throw NotFoundError("hook function " + hook->describe() + " is not registered with this FlexModel");
+  return e->groups;
+}
+
+std::vector<HookFunctionPtr> FlexModel::get_group_hook_functions(const std::string& group) const {
+  std::vector<HookFunctionPtr> out;
+  for (const auto& e : entries_)
+    if (e->groups.count(group)) out.push_back(e->hook);
+  return out;
+}
+
+std::vector<HookFunctionPtr> FlexModel::hook_functions() const {
+  std::vector<HookFunctionPtr> out;
+  for (const auto& e : entries_) out.push_back(e->hook);
+  return out;
+}
+
+void FlexModel::register_trainable_module(const std::string& name, std::shared_ptr<torch::nn::Module> module) {
+  trainable_.add(name, std::move(module));
+}
+
+void FlexModel::wrapped_module_requires_grad(bool requires_grad) {
+  for (auto& p : module_->parameters()) p.set_requires_grad(requires_grad);
+}
+
+at::Tensor FlexModel::get_module_parameter(const std::string& name, const std::vector<int64_t>& expected_shape) {
+  at::Tensor local = get_module_tensor(*module_, name).detach();
+  at::Tensor whole = local;
+  if (router_) {
+    const size_t dot = name.rfind('.');
+    auto owner = module_->get_submodule(dot == std::string::npos ? "" : name.substr(0, dot));
+    whole = router_->gather_parameter(*owner, dot == std::string::npos ? name : name.substr(dot + 1), local);
+  }
+  if (!expected_shape.empty()) {
+    HookFunction probe(name, expected_shape);
+    check_expected_shape(probe, whole);
+  }
+  return whole;
+}
+
+std::vector<std::string> FlexModel::wrapped_module_names() const {
+  std::vector<std::string> out;
+  for (const auto& nm : module_->named_flex_modules()) out.push_back(nm.first);
+  return out;
+}
+
+std::vector<std::string> FlexModel::all_modules_names() const {
+  std::vector<std::string> out = wrapped_module_names();
+  for (const auto& n : trainable_.names()) out.push_back(n);
+  return out;
+}
+
+std::shared_ptr<Module> FlexModel::restore() {
+  for (auto& e : entries_)
+    for (auto& remove : e->removers) remove();
+  entries_.clear();
+  return module_;
+}
+
+}  // namespace flex
