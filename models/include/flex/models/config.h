@@ -1,0 +1,74 @@
+#pragma once
+// Hugging Face config.json for the causal LMs of the zoo (gpt2, llama, gpt_neox).
+//
+// Each architecture's own field names are mapped to one set of parsed fields
+// (GPT-2's n_embd and Llama's hidden_size both land in hidden_size). The size
+// fields are required; every other field takes Transformers' default when
+// absent. Errors are flex::ConfigError naming the file and the field.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flex {
+
+/// rope_scaling of Llama / GPT-NeoX ("type" or "rope_type").
+struct RopeScaling {
+  std::string rope_type = "default";  // default | linear | dynamic | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3 (and dynamic's reset point)
+};
+
+struct ModelConfig {
+  std::string model_type;  // "gpt2" | "llama" | "gpt_neox"
+  std::string source;      // the file it came from, for messages
+  nlohmann::json raw;      // the whole config.json
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;          // n_embd
+  int64_t num_hidden_layers = 0;    // n_layer
+  int64_t num_attention_heads = 0;  // n_head
+  int64_t num_key_value_heads = 0;  // == heads unless GQA (llama)
+  int64_t head_dim = 0;             // hidden / heads unless given (llama)
+  int64_t intermediate_size = 0;    // n_inner (gpt2: 4 * hidden when null)
+  int64_t max_position_embeddings = 0;  // n_positions
+  double norm_eps = 1e-5;           // layer_norm_epsilon / rms_norm_eps / layer_norm_eps
+  std::string hidden_act;           // activation_function / hidden_act
+  bool tie_word_embeddings = false;
+
+  // Rotary (llama, gpt_neox).
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double rotary_pct = 1.0;  // gpt_neox: fraction of each head that is rotated
+
+  // Layout switches.
+  bool attention_bias = false;        // llama q/k/v/o bias; gpt_neox biases
+  bool mlp_bias = false;              // llama
+  bool use_parallel_residual = true;  // gpt_neox
+  bool scale_attn_weights = true;     // gpt2
+  bool scale_attn_by_inverse_layer_idx = false;  // gpt2
+  bool reorder_and_upcast_attn = false;          // gpt2
+
+  std::optional<int64_t> bos_token_id, pad_token_id;
+  std::vector<int64_t> eos_token_ids;  // eos_token_id may be one id or a list
+  std::string torch_dtype;  // "" when absent
+
+  /// Number of rotated dimensions per head (head_dim * rotary_pct, for gpt_neox).
+  int64_t rotary_dim() const;
+  /// The Hugging Face class name of the causal LM ("GPT2LMHeadModel", ...).
+  std::string causal_lm_class() const;
+};
+
+/// Reads `<dir>/config.json`, or the given .json file. Throws IOError when the
+/// file is missing, FileFormatError when it is not JSON, ConfigError for an
+/// unknown model_type or a missing / ill-typed / inconsistent field.
+ModelConfig load_config(const std::string& dir_or_config_json);
+
+/// Parses an already-read config; `source` names it in messages.
+ModelConfig parse_config(const nlohmann::json& j, const std::string& source = "<config>");
+
+}  // namespace flex

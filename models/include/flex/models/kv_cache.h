@@ -1,0 +1,48 @@
+#pragma once
+// KVCache: the keys and values of every attention layer seen so far, for
+// incremental decoding (Transformers' DynamicCache). A model call that gets
+// a cache appends the new keys/values of each layer and attends over all of
+// them. It travels through the generic call as a c10 capsule (as_value /
+// from_value), so hooks and device alignment pass it through untouched.
+#include <flex/hooks/value.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <utility>
+#include <vector>
+
+namespace flex {
+
+class KVCache : public torch::CustomClassHolder {
+ public:
+  KVCache() = default;
+
+  /// Appends `key`/`value` ([B, H_kv, T, D]) to layer `layer` and returns the
+  /// whole keys/values of that layer ([B, H_kv, past + T, D]). Throws
+  /// ShapeError when batch, heads, head size or dtype differ from what the
+  /// layer holds.
+  std::pair<at::Tensor, at::Tensor> update(int64_t layer, const at::Tensor& key, const at::Tensor& value);
+
+  /// Tokens held for `layer` (0 when empty).
+  int64_t seq_length(int64_t layer = 0) const;
+  int64_t num_layers() const { return static_cast<int64_t>(len_.size()); }
+  /// Keys / values of `layer` ([B, H_kv, seq_length, D]); undefined when empty.
+  at::Tensor key(int64_t layer) const;
+  at::Tensor value(int64_t layer) const;
+  /// Forgets everything.
+  void clear();
+
+  /// Wraps the cache for Inputs / outputs; from_value returns nullptr for None
+  /// and throws flex::ConfigError for any other non-cache value.
+  static Value as_value(const c10::intrusive_ptr<KVCache>& cache);
+  static c10::intrusive_ptr<KVCache> from_value(const Value& v);
+
+ private:
+  // Per layer: storage with spare capacity along the sequence dim, so a
+  // decoding step writes one slice instead of copying the whole history.
+  std::vector<at::Tensor> k_, v_;
+  std::vector<int64_t> len_;
+};
+
+}  // namespace flex

@@ -1,0 +1,51 @@
+#pragma once
+// Rotary position embeddings (RoPE) as Transformers 4.47 computes them: one
+// model-level module (model.rotary_emb / gpt_neox.rotary_emb) returns
+// (cos, sin) of shape [P, T, rotary_dim] for the position ids, and every
+// attention layer rotates q and k with the rotate_half convention.
+// Supported rope types: default, linear, dynamic (NTK), llama3.
+#include <flex/hooks/module.h>
+#include <flex/models/config.h>
+
+#include <utility>
+
+namespace flex {
+
+/// Modules whose non-persistent buffers (causal masks, inv_freq) are derived
+/// from the config rather than loaded: the loader calls reset_buffers after
+/// building under EmptyInit or moving to a device.
+class ComputedBuffers {
+ public:
+  virtual ~ComputedBuffers() = default;
+  virtual void reset_buffers(const at::Device& device) = 0;
+};
+
+/// inv_freq (float32, [dim / 2]) for `rope_type`. `seq_len` only matters for
+/// "dynamic" (0 = the config's max_position_embeddings).
+at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len = 0);
+
+/// rotate_half: cat(-x[..., d/2:], x[..., :d/2]).
+at::Tensor rotate_half(const at::Tensor& x);
+/// x * cos + rotate_half(x) * sin, with cos/sin [P, T, D] broadcast over heads
+/// (x is [B, H, T, D]).
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// LlamaRotaryEmbedding / GPTNeoXRotaryEmbedding. Call with (x, position_ids):
+/// returns the tuple (cos, sin) in x's dtype. Holds the non-persistent buffer
+/// inv_freq.
+class RotaryEmbedding : public Module, public ComputedBuffers {
+ public:
+  RotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t dim);
+  Value forward(Inputs inputs) override;
+  std::pair<at::Tensor, at::Tensor> compute(const at::Tensor& x, const at::Tensor& position_ids);
+  void reset_buffers(const at::Device& device) override;
+
+  at::Tensor inv_freq;
+  int64_t dim;
+
+ private:
+  ModelConfig cfg_;
+  int64_t max_seq_len_cached_;  // dynamic NTK: the length inv_freq was made for
+};
+
+}  // namespace flex

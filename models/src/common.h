@@ -1,0 +1,76 @@
+#pragma once
+// Internal helpers shared by the architectures: reading a base-model call,
+// building the attention mask, the attention core. Not installed.
+#include <flex/hooks/module.h>
+#include <flex/hooks/nn.h>
+#include <flex/models/config.h>
+#include <flex/models/kv_cache.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace flex::detail {
+
+/// One base-model call, validated.
+struct ModelCall {
+  at::Tensor input_ids;       // [B, T]
+  at::Tensor attention_mask;  // [B, S] or undefined
+  at::Tensor position_ids;    // [P, T]
+  c10::intrusive_ptr<KVCache> cache;
+  int64_t past = 0;           // tokens already in the cache
+  bool output_hidden_states = false;
+};
+
+/// Reads input_ids (args[0] or keyword), attention_mask, position_ids,
+/// past_key_values and output_hidden_states; checks shapes and token ids
+/// (ShapeError naming `who`, the argument and the shapes).
+ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::string& who);
+
+/// Boolean mask [B or 1, 1, T, past + T]: true where query t may attend key
+/// s (causal, and the key is not padding). Undefined when nothing is masked.
+at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,
+                        const c10::Device& device);
+
+/// Block kwargs: attention_mask (bool or None), past_key_value (cache or None),
+/// position_embeddings (cos, sin) when rotary.
+Inputs block_inputs(const at::Tensor& hidden, const at::Tensor& mask, const c10::intrusive_ptr<KVCache>& cache,
+                    const Value& position_embeddings);
+
+/// The hidden-states argument of a block / attention call and its kwargs.
+struct BlockCall {
+  at::Tensor hidden;
+  at::Tensor mask;          // undefined: attend everywhere (see mask_given)
+  bool mask_given = false;  // false: no attention_mask keyword, so causal-only
+  c10::intrusive_ptr<KVCache> cache;
+  at::Tensor cos, sin;  // undefined for learned positions
+};
+BlockCall read_block_call(const Inputs& inputs, const std::string& who);
+/// Attention kwargs forwarded from a block (same keys as block_inputs).
+Inputs attention_inputs(const at::Tensor& x, const BlockCall& call);
+/// The mask an attention layer applies: the caller's, or causal-only when the
+/// block or attention module was called without an attention_mask keyword.
+at::Tensor effective_mask(const BlockCall& call, int64_t q_len, int64_t k_len);
+/// The element-0 tensor of a module output (tensor or tuple).
+at::Tensor first_tensor(const Value& v, const std::string& who);
+
+/// softmax over the last dim of `scores` with masked entries set to the
+/// dtype's lowest value first (HF's finfo.min), optionally in float32.
+at::Tensor masked_softmax(at::Tensor scores, const at::Tensor& allowed, bool upcast);
+
+/// repeat_kv: [B, H_kv, S, D] -> [B, H_kv * n_rep, S, D] (head h uses kv head h / n_rep).
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
+
+/// Output tuple helpers.
+Value tuple_of(std::vector<Value> items);
+Value hidden_states_value(const std::vector<at::Tensor>& hs);
+
+/// A number from the raw config (dropout rates), `dflt` when absent or null.
+double raw_number(const ModelConfig& cfg, const char* key, double dflt);
+
+/// A hook point: an Identity whose class name says what it is.
+std::shared_ptr<Identity> hook_point();
+
+}  // namespace flex::detail

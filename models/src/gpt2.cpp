@@ -1,0 +1,138 @@
+#include "common.h"
+
+#include <flex/hooks/empty_init.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/gpt2.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace flex {
+
+using detail::first_tensor;
+
+namespace {
+at::Tensor causal_bias(int64_t n, const at::Device& device) {
+  return at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
+}
+}  // namespace
+
+GPT2Attention::GPT2Attention(const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts)
+    : Module("GPT2Attention"), cfg_(cfg), layer_idx_(layer_idx) {
+  const int64_t c = cfg.hidden_size;
+  // Buffers first: Transformers registers them before the submodules.
+  add_buffer("bias", bias, causal_bias(cfg.max_position_embeddings, opts.device()), /*persistent=*/false);
+  add_buffer("masked_bias", masked_bias, at::full({}, -1e4, opts), /*persistent=*/false);
+  c_attn = add("c_attn", std::make_shared<Conv1D>(3 * c, c, opts));
+  c_proj = add("c_proj", std::make_shared<Conv1D>(c, c, opts));
+  attn_dropout = add("attn_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "attn_pdrop", 0.1)));
+  resid_dropout = add("resid_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "resid_pdrop", 0.1)));
+  hook_attn_probs = add("hook_attn_probs", detail::hook_point());
+  hook_head_out = add("hook_head_out", detail::hook_point());
+}
+
+void GPT2Attention::reset_buffers(const at::Device& device) {
+  set_tensor("bias", causal_bias(cfg_.max_position_embeddings, device));
+  const auto dtype = masked_bias.scalar_type();
+  set_tensor("masked_bias", at::full({}, -1e4, at::TensorOptions().dtype(dtype).device(device)));
+}
+
+Value GPT2Attention::forward(Inputs inputs) {
+  auto call = detail::read_block_call(inputs, "GPT2Attention");
+  const at::Tensor& x = call.hidden;
+  const int64_t b = x.size(0), t = x.size(1), c = cfg_.hidden_size, h = cfg_.num_attention_heads, d = cfg_.head_dim;
+  auto qkv = (*c_attn)(x).split(c, 2);
+  auto heads = [&](const at::Tensor& y) { return y.view({b, t, h, d}).permute({0, 2, 1, 3}); };
+  at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  if (call.cache) std::tie(k, v) = call.cache->update(layer_idx_, k, v);
+  const int64_t s = k.size(2);
+  if (s > cfg_.max_position_embeddings)
+    throw ShapeError("GPT2Attention layer " + std::to_string(layer_idx_) + ": " + std::to_string(s) +
+                     " positions exceed n_positions " + std::to_string(cfg_.max_position_embeddings));
+
+  const bool upcast = cfg_.reorder_and_upcast_attn;
+  at::Tensor scores = upcast ? at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2))
+                             : at::matmul(q, k.transpose(-1, -2));
+  if (cfg_.scale_attn_weights) scores = scores / std::sqrt(static_cast<double>(d));
+  if (cfg_.scale_attn_by_inverse_layer_idx) scores = scores / static_cast<double>(layer_idx_ + 1);
+  at::Tensor probs = detail::masked_softmax(scores, detail::effective_mask(call, t, s), false).to(v.scalar_type());
+  probs = (*hook_attn_probs)(probs);
+  probs = (*attn_dropout)(probs);
+  at::Tensor z = at::matmul(probs, v).permute({0, 2, 1, 3});  // [B, T, H, D]
+  z = (*hook_head_out)(z);
+  at::Tensor out = (*c_proj)(z.reshape({b, t, c}));
+  out = (*resid_dropout)(out);
+  return detail::tuple_of({out, Value()});
+}
+
+GPT2MLP::GPT2MLP(const ModelConfig& cfg, const at::TensorOptions& opts) : Module("GPT2MLP") {
+  c_fc = add("c_fc", std::make_shared<Conv1D>(cfg.intermediate_size, cfg.hidden_size, opts));
+  c_proj = add("c_proj", std::make_shared<Conv1D>(cfg.hidden_size, cfg.intermediate_size, opts));
+  act = add("act", std::make_shared<Activation>(cfg.hidden_act));
+  dropout = add("dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "resid_pdrop", 0.1)));
+}
+
+Value GPT2MLP::forward(Inputs inputs) {
+  at::Tensor y = (*act)((*c_fc)(inputs.tensor(0)));
+  return (*dropout)((*c_proj)(y));
+}
+
+GPT2Block::GPT2Block(const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts) : Module("GPT2Block") {
+  ln_1 = add("ln_1", std::make_shared<LayerNorm>(cfg.hidden_size, cfg.norm_eps, true, opts));
+  attn = add("attn", std::make_shared<GPT2Attention>(cfg, layer_idx, opts));
+  ln_2 = add("ln_2", std::make_shared<LayerNorm>(cfg.hidden_size, cfg.norm_eps, true, opts));
+  mlp = add("mlp", std::make_shared<GPT2MLP>(cfg, opts));
+  hook_resid_pre = add("hook_resid_pre", detail::hook_point());
+  hook_resid_mid = add("hook_resid_mid", detail::hook_point());
+  hook_resid_post = add("hook_resid_post", detail::hook_point());
+}
+
+Value GPT2Block::forward(Inputs inputs) {
+  auto call = detail::read_block_call(inputs, "GPT2Block");
+  at::Tensor hidden = (*hook_resid_pre)(call.hidden);
+  at::Tensor a = first_tensor((*attn)(detail::attention_inputs((*ln_1)(hidden), call)), "GPT2Attention");
+  hidden = (*hook_resid_mid)(a + hidden);
+  hidden = hidden + (*mlp)((*ln_2)(hidden));
+  hidden = (*hook_resid_post)(hidden);
+  return detail::tuple_of({hidden});
+}
+
+GPT2Model::GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts) : Module("GPT2Model"), cfg_(cfg) {
+  wte = add("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
+  wpe = add("wpe", std::make_shared<Embedding>(cfg.max_position_embeddings, cfg.hidden_size, opts));
+  drop = add("drop", std::make_shared<Dropout>(detail::raw_number(cfg, "embd_pdrop", 0.1)));
+  h = add("h", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) h->push_back(std::make_shared<GPT2Block>(cfg, i, opts));
+  ln_f = add("ln_f", std::make_shared<LayerNorm>(cfg.hidden_size, cfg.norm_eps, true, opts));
+}
+
+Value GPT2Model::forward(Inputs inputs) {
+  auto call = detail::read_call(inputs, cfg_, "GPT2Model");
+  const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
+  if (call.past + t > cfg_.max_position_embeddings || call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
+      call.position_ids.min().item<int64_t>() < 0)
+    throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
+                     std::to_string(cfg_.max_position_embeddings));
+  at::Tensor hidden = (*wte)(call.input_ids) + (*wpe)(call.position_ids);
+  hidden = (*drop)(hidden);
+  at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
+  std::vector<at::Tensor> states;
+  for (const auto& block : h->items()) {
+    if (call.output_hidden_states) states.push_back(hidden);
+    hidden = first_tensor((*block)(detail::block_inputs(hidden, mask, call.cache, Value())), "GPT2Block");
+  }
+  hidden = (*ln_f)(hidden);
+  if (call.output_hidden_states) states.push_back(hidden);
+  return detail::tuple_of({hidden, KVCache::as_value(call.cache),
+                           call.output_hidden_states ? detail::hidden_states_value(states) : Value()});
+}
+
+GPT2LMHeadModel::GPT2LMHeadModel(const ModelConfig& cfg, const at::TensorOptions& opts)
+    : CausalLM("GPT2LMHeadModel", cfg) {
+  transformer = add("transformer", std::make_shared<GPT2Model>(cfg, opts));
+  lm_head = add("lm_head", std::make_shared<Linear>(cfg.hidden_size, cfg.vocab_size, false, opts));
+  tie_weights();
+}
+
+}  // namespace flex

@@ -1,0 +1,109 @@
+#include <flex/hooks/errors.h>
+#include <flex/models/kv_cache.h>
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+namespace flex {
+
+namespace {
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tensor& key, const at::Tensor& value) {
+  if (layer < 0) throw ConfigError("KVCache: negative layer index " + std::to_string(layer));
+  if (key.dim() != 4 || value.dim() != 4 || key.sizes() != value.sizes())
+    throw ShapeError("KVCache layer " + std::to_string(layer) + ": key " + shape_str(key.sizes()) + " and value " +
+                     shape_str(value.sizes()) + " must both be [batch, heads, seq, head_dim]");
+  if (static_cast<size_t>(layer) >= len_.size()) {
+    k_.resize(layer + 1);
+    v_.resize(layer + 1);
+    len_.resize(layer + 1, 0);
+  }
+  const int64_t t = key.size(2);
+  int64_t& len = len_[layer];
+  at::Tensor& kbuf = k_[layer];
+  at::Tensor& vbuf = v_[layer];
+  if (len > 0) {
+    if (kbuf.size(0) != key.size(0) || kbuf.size(1) != key.size(1) || kbuf.size(3) != key.size(3) ||
+        kbuf.scalar_type() != key.scalar_type())
+      throw ShapeError("KVCache layer " + std::to_string(layer) + " holds keys of shape " +
+                       shape_str(kbuf.narrow(2, 0, len).sizes()) + " (" + std::string(c10::toString(kbuf.scalar_type())) +
+                       "); cannot append " + shape_str(key.sizes()) + " (" +
+                       std::string(c10::toString(key.scalar_type())) + ")");
+  }
+  // Under autograd, writing into a shared buffer would invalidate views that
+  // earlier steps saved for backward: concatenate instead.
+  if (at::GradMode::is_enabled() && (key.requires_grad() || value.requires_grad())) {
+    if (len == 0) {
+      kbuf = key;
+      vbuf = value;
+    } else {
+      kbuf = at::cat({kbuf.narrow(2, 0, len), key}, 2);
+      vbuf = at::cat({vbuf.narrow(2, 0, len), value}, 2);
+    }
+    len += t;
+    return {kbuf, vbuf};
+  }
+  const int64_t need = len + t;
+  if (!kbuf.defined() || kbuf.size(2) < need || kbuf.device() != key.device()) {
+    // Grow geometrically so n decoding steps cost O(n) copies in total.
+    const int64_t cap = std::max<int64_t>(need, len == 0 ? need : 2 * need);
+    std::vector<int64_t> shape = key.sizes().vec();
+    shape[2] = cap;
+    at::Tensor nk = at::empty(shape, key.options().requires_grad(false));
+    at::Tensor nv = at::empty(shape, value.options().requires_grad(false));
+    if (len > 0) {
+      nk.narrow(2, 0, len).copy_(kbuf.narrow(2, 0, len));
+      nv.narrow(2, 0, len).copy_(vbuf.narrow(2, 0, len));
+    }
+    kbuf = nk;
+    vbuf = nv;
+  }
+  kbuf.narrow(2, len, t).copy_(key);
+  vbuf.narrow(2, len, t).copy_(value);
+  len = need;
+  return {kbuf.narrow(2, 0, len), vbuf.narrow(2, 0, len)};
+}
+
+int64_t KVCache::seq_length(int64_t layer) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= len_.size()) return 0;
+  return len_[layer];
+}
+
+at::Tensor KVCache::key(int64_t layer) const {
+  if (seq_length(layer) == 0) return {};
+  return k_[layer].narrow(2, 0, len_[layer]);
+}
+
+at::Tensor KVCache::value(int64_t layer) const {
+  if (seq_length(layer) == 0) return {};
+  return v_[layer].narrow(2, 0, len_[layer]);
+}
+
+void KVCache::clear() {
+  k_.clear();
+  v_.clear();
+  len_.clear();
+}
+
+Value KVCache::as_value(const c10::intrusive_ptr<KVCache>& cache) {
+  if (!cache) return Value();
+  return Value::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(cache));
+}
+
+c10::intrusive_ptr<KVCache> KVCache::from_value(const Value& v) {
+  if (v.isNone()) return {};
+  if (!v.isCapsule()) throw ConfigError("past_key_values must be a flex::KVCache (or None), got " + v.tagKind());
+  auto holder = v.toCapsule();
+  auto* cache = dynamic_cast<KVCache*>(holder.get());
+  if (!cache) throw ConfigError("past_key_values holds an object that is not a flex::KVCache");
+  return c10::intrusive_ptr<KVCache>::reclaim_copy(cache);
+}
+
+}  // namespace flex

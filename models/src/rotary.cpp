@@ -1,0 +1,106 @@
+#include <flex/hooks/empty_init.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/rotary.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace flex {
+
+namespace {
+
+// 1 / base^(2i / dim), in float32 with the same operation order as
+// Transformers, so the buffer matches theirs bit for bit.
+at::Tensor default_inv_freq(double base, int64_t dim, const at::Device& device) {
+  at::Tensor exps = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kFloat).div(dim);
+  return at::reciprocal(at::pow(base, exps));
+}
+
+// Llama 3: long wavelengths are slowed down by `factor`, short ones kept,
+// and the band between is interpolated.
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& s) {
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor;
+  const double high_wavelen = old_len / s.high_freq_factor;
+  at::Tensor wavelen = at::reciprocal(inv_freq) * (2.0 * M_PI);
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  at::Tensor smooth = (at::reciprocal(wavelen) * old_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smoothed = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+  at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
+  return at::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
+  const RopeScaling& s = cfg.rope_scaling;
+  const at::Device cpu(at::kCPU);
+  if (s.rope_type == "default") return default_inv_freq(cfg.rope_theta, dim, cpu);
+  if (s.rope_type == "linear") return default_inv_freq(cfg.rope_theta, dim, cpu) / s.factor;
+  if (s.rope_type == "llama3") return llama3_inv_freq(default_inv_freq(cfg.rope_theta, dim, cpu), s);
+  if (s.rope_type == "dynamic") {
+    const double max_pos = static_cast<double>(cfg.max_position_embeddings);
+    const double len = seq_len > cfg.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;
+    const double base = cfg.rope_theta * std::pow(s.factor * len / max_pos - (s.factor - 1.0),
+                                                  static_cast<double>(dim) / static_cast<double>(dim - 2));
+    return default_inv_freq(base, dim, cpu);
+  }
+  throw ConfigError(cfg.source + ": rope type '" + s.rope_type + "' is not supported");
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, x.size(-1) - half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  return x * c + rotate_half(x) * s;
+}
+
+RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t d)
+    : Module(std::move(class_name)), dim(d), cfg_(cfg), max_seq_len_cached_(cfg.max_position_embeddings) {
+  add_buffer("inv_freq", inv_freq, rope_inv_freq(cfg_, dim), /*persistent=*/false);
+}
+
+void RotaryEmbedding::reset_buffers(const at::Device& device) {
+  max_seq_len_cached_ = cfg_.max_position_embeddings;
+  set_tensor("inv_freq", rope_inv_freq(cfg_, dim).to(device));
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbedding::compute(const at::Tensor& x, const at::Tensor& position_ids) {
+  if (inv_freq.is_meta())
+    throw UnsupportedError(class_name() + ": inv_freq is on the meta device; load the model (or call reset_buffers) first");
+  if (cfg_.rope_scaling.rope_type == "dynamic") {
+    // Dynamic NTK: grow the base once positions pass the trained length, and
+    // go back to the original frequencies for short inputs again.
+    const int64_t seq_len = position_ids.numel() ? position_ids.max().item<int64_t>() + 1 : 0;
+    if (seq_len > max_seq_len_cached_) {
+      set_tensor("inv_freq", rope_inv_freq(cfg_, dim, seq_len).to(inv_freq.device()));
+      max_seq_len_cached_ = seq_len;
+    }
+    if (seq_len < cfg_.max_position_embeddings && max_seq_len_cached_ > cfg_.max_position_embeddings) {
+      set_tensor("inv_freq", rope_inv_freq(cfg_, dim).to(inv_freq.device()));
+      max_seq_len_cached_ = cfg_.max_position_embeddings;
+    }
+  }
+  at::Tensor pos = position_ids.to(inv_freq.device(), at::kFloat);
+  at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(at::kFloat);  // [P, T, dim/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(x.device(), x.scalar_type()), emb.sin().to(x.device(), x.scalar_type())};
+}
+
+Value RotaryEmbedding::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  at::Tensor pos;
+  if (inputs.args.size() > 1 && inputs.args[1].isTensor())
+    pos = inputs.args[1].toTensor();
+  else
+    pos = inputs.tensor_or("position_ids");
+  if (!pos.defined()) throw NotFoundError(class_name() + " needs position_ids (argument 1 or keyword)");
+  auto cs = compute(x, pos);
+  return c10::ivalue::Tuple::create({cs.first, cs.second});
+}
+
+}  // namespace flex
