@@ -85,6 +85,16 @@ class Module : public torch::nn::Module {
   /// Buffers that are not part of the state dict (causal masks, inv_freq).
   bool is_persistent_buffer(const std::string& name) const { return !non_persistent_.count(name); }
 
+  // --- attributes ----------------------------------------------------------
+  /// Free-form values attached to the module (Python's setattr), e.g. the
+  /// "hf_device_map" that dispatch records.
+  void set_attribute(const std::string& key, Value v) { attributes_[key] = std::move(v); }
+  /// nullptr when absent.
+  const Value* attribute(const std::string& key) const {
+    auto it = attributes_.find(key);
+    return it == attributes_.end() ? nullptr : &it->second;
+  }
+
  protected:
   /// Registers a child module under `name` (what named_modules() will show).
   template <typename M>
@@ -112,6 +122,7 @@ class Module : public torch::nn::Module {
   std::shared_ptr<detail::HookTable> table_;
   std::map<std::string, at::Tensor*> slots_;
   std::set<std::string> non_persistent_;
+  std::map<std::string, Value> attributes_;
 };
 
 /// Parameters and persistent buffers with dotted names, in registration
