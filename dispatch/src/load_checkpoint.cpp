@@ -39,7 +39,7 @@ bool keep_fp32(const std::string& key, const std::vector<std::string>& modules) 
 
 }  // namespace
 
-LoadReport load_checkpoint_in_model(Module& model, const std::string& checkpoint, const LoadCheckpointOptions& opt) {
+LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& checkpoint, const LoadCheckpointOptions& opt) {
   std::ostream& log = opt.log ? *opt.log : std::cerr;
   const auto tied = find_tied_parameters(model);
   Checkpoint ck = Checkpoint::open(checkpoint);
@@ -54,7 +54,7 @@ LoadReport load_checkpoint_in_model(Module& model, const std::string& checkpoint
   std::map<std::string, at::Tensor> model_tensors;
   for (const auto& kv : state_dict(model)) model_tensors.emplace(kv.first, kv.second);
 
-  LoadReport report;
+  LoadCheckpointReport report;
   std::set<std::string> loaded;
   OffloadIndex disk_index;
   for (const auto& file : ck.files()) {
@@ -147,7 +147,7 @@ LoadReport load_checkpoint_in_model(Module& model, const std::string& checkpoint
   return report;
 }
 
-LoadReport load_checkpoint_and_dispatch(Module& model, const std::string& checkpoint,
+LoadCheckpointReport load_checkpoint_and_dispatch(Module& model, const std::string& checkpoint,
                                         const LoadAndDispatchOptions& opt) {
   std::optional<DeviceMap> map = opt.device_map;
   if (!map && !opt.device_map_strategy.empty()) {
@@ -167,7 +167,7 @@ LoadReport load_checkpoint_and_dispatch(Module& model, const std::string& checkp
   lo.strict = opt.strict;
   lo.offload_buffers = opt.offload_buffers;
   lo.log = opt.log;
-  LoadReport report = load_checkpoint_in_model(model, checkpoint, lo);
+  LoadCheckpointReport report = load_checkpoint_in_model(model, checkpoint, lo);
   if (!map) return report;
   DispatchOptions d;
   d.offload_dir = opt.offload_folder;

@@ -56,7 +56,7 @@ TEST(LoadCheckpoint, MetaModelLoadsToBitwiseOutputs) {
   std::ostringstream log;
   LoadCheckpointOptions o;
   o.log = &log;
-  LoadReport r = load_checkpoint_in_model(*m, s.file, o);
+  LoadCheckpointReport r = load_checkpoint_in_model(*m, s.file, o);
   EXPECT_TRUE(r.missing_keys.empty()) << log.str();
   EXPECT_TRUE(r.unexpected_keys.empty());
   EXPECT_TRUE(m->lm_head->weight.is_same(m->wte->weight));  // retied
@@ -76,7 +76,7 @@ TEST(LoadCheckpoint, MissingKeysAreReportedNotDiscoveredLater) {
     std::ostringstream log;
     LoadCheckpointOptions o;
     o.log = &log;
-    LoadReport r = load_checkpoint_in_model(*m, dir.str("m.safetensors"), o);
+    LoadCheckpointReport r = load_checkpoint_in_model(*m, dir.str("m.safetensors"), o);
     EXPECT_EQ(r.missing_keys, std::vector<std::string>{"h.2.fc.bias"});
     EXPECT_EQ(r.unexpected_keys, std::vector<std::string>{"h.9.extra"});
     EXPECT_NE(log.str().find("h.2.fc.bias"), std::string::npos);
@@ -130,7 +130,7 @@ TEST(LoadCheckpointAndDispatch, AutoWithSmallBudgetServesDiskWeightsFromCheckpoi
   o.offload_folder = off.str();
   std::ostringstream log;
   o.log = &log;
-  LoadReport r = load_checkpoint_and_dispatch(*m, s.file, o);
+  LoadCheckpointReport r = load_checkpoint_and_dispatch(*m, s.file, o);
   auto map = hf_device_map(*m);
   ASSERT_TRUE(map.has_value());
   bool any_disk = false, any_cpu = false;

@@ -44,14 +44,14 @@ struct LoadCheckpointOptions {
   std::ostream* log = nullptr;
 };
 
-struct LoadReport {
+struct LoadCheckpointReport {
   std::vector<std::string> missing_keys;     // model tensors the checkpoint lacks (tied copies excluded)
   std::vector<std::string> unexpected_keys;  // checkpoint tensors the model lacks
   /// Disk-mapped tensors (to pass to dispatch_model); empty when none.
   std::shared_ptr<OffloadIndex> offload_index;
 };
 
-LoadReport load_checkpoint_in_model(Module& model, const std::string& checkpoint,
+LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& checkpoint,
                                     const LoadCheckpointOptions& options = {});
 
 struct LoadAndDispatchOptions {
@@ -75,7 +75,7 @@ struct LoadAndDispatchOptions {
 
 /// Resolves the device map, loads the checkpoint into it and dispatches the
 /// model (no device map: load on CPU, no hooks). Returns the load report.
-LoadReport load_checkpoint_and_dispatch(Module& model, const std::string& checkpoint,
+LoadCheckpointReport load_checkpoint_and_dispatch(Module& model, const std::string& checkpoint,
                                         const LoadAndDispatchOptions& options = {});
 
 }  // namespace flex
