@@ -1,0 +1,47 @@
+#pragma once
+// The Unicode pieces the tokenizers need, without a regex or ICU dependency:
+// UTF-8 decoding that tolerates invalid bytes, the letter / number / whitespace
+// classes of the GPT-2 pre-tokenisation pattern, and NFC normalisation.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flex::unicode {
+
+/// One decoded unit of a UTF-8 string. An ill-formed sequence gives valid=false,
+/// cp = its first byte and len = the length of its maximal ill-formed subpart
+/// (Unicode 15, section 3.9), so scanning never stalls and never skips bytes.
+struct Utf8Unit {
+  uint32_t cp = 0;
+  uint32_t len = 1;
+  bool valid = true;
+};
+
+/// Decodes the unit starting at byte `pos` (< s.size()).
+Utf8Unit decode_utf8(const std::string& s, size_t pos);
+
+/// Appends the UTF-8 encoding of code point `cp` (<= 0x10FFFF, not a surrogate).
+void append_utf8(std::string& out, uint32_t cp);
+
+/// General category L* (letters), as JavaScript's \p{L} (Unicode 17).
+bool is_letter(uint32_t cp);
+/// General category N* (numbers), as JavaScript's \p{N} (Unicode 17).
+bool is_number(uint32_t cp);
+/// The Unicode White_Space property (what \s means in Oniguruma, which Hugging Face
+/// tokenizers use). It differs from JavaScript's \s only at U+0085 (space here)
+/// and U+FEFF (not space here).
+bool is_whitespace(uint32_t cp);
+
+/// Splits `text` as the GPT-2 pattern
+///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+/// does, returning (byte offset, byte length) pieces that cover the text. Invalid
+/// UTF-8 bytes count as neither letter, number nor space.
+std::vector<std::pair<size_t, size_t>> split_gpt2(const std::string& text);
+
+/// Unicode Normalization Form C of `text` (Unicode 14 data). Invalid UTF-8 bytes
+/// pass through unchanged and block composition across them.
+std::string nfc(const std::string& text);
+
+}  // namespace flex::unicode
