@@ -61,7 +61,8 @@ ShardedModule::ShardedModule(std::string class_name, std::shared_ptr<Communicato
 void ShardedModule::load_shard(const std::string& name, const at::Tensor& whole) {
   const ModuleSharding sh = sharding();
   auto it = sh.params.find(name);
-  const at::Tensor* cur = named_parameters(/*recurse=*/false).find(name);
+  const auto params = named_parameters(/*recurse=*/false);
+  const at::Tensor* cur = params.find(name);
   if (it == sh.params.end() || !cur) {
     std::string known;
     for (const auto& kv : sh.params) known += (known.empty() ? "" : ", ") + kv.first;
