@@ -114,7 +114,8 @@ Value GPT2Model::forward(Inputs inputs) {
       call.position_ids.min().item<int64_t>() < 0)
     throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
                      std::to_string(cfg_.max_position_embeddings));
-  at::Tensor hidden = (*wte)(call.input_ids) + (*wpe)(call.position_ids);
+  at::Tensor hidden = (*wte)(call.input_ids);  // wte before wpe: hooks see HF's call order
+  hidden = hidden + (*wpe)(call.position_ids);
   hidden = (*drop)(hidden);
   at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
   std::vector<at::Tensor> states;
