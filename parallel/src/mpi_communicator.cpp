@@ -598,7 +598,7 @@ class MpiCommunicator : public Communicator {
         for (size_t i = 0; i < from.size(); ++i) {
           if (reqs[i] != MPI_REQUEST_NULL) missing += (missing.empty() ? "" : ", ") + std::to_string(from[i]);
         }
-        timed_out(what + (missing.empty() ? std::string() : ": rank(s) " + missing + " never reached it"));
+        timed_out(what, missing.empty() ? std::string() : "rank(s) " + missing + " never reached it");
       }
       for (int r = 0; r < size_; ++r) {
         if (all_buf[r].v[Header::kMagicIx] != kMagic) {
@@ -619,9 +619,10 @@ class MpiCommunicator : public Communicator {
     timed_out(what);
   }
 
-  [[noreturn]] void timed_out(const std::string& what) {
+  [[noreturn]] void timed_out(const std::string& what, const std::string& detail = "") {
     std::ostringstream s;
     s << what << " timed out after " << timeout_s_ << " s";
+    if (!detail.empty()) s << ": " << detail;
     broken_ = s.str();
     fail<CommError>(broken_);
   }

@@ -1,0 +1,133 @@
+// Tensor-parallel layers across real ranks: every rank loads its slice of the
+// same whole weights and the results equal the single-process computation.
+#include <flex/parallel/device_mesh.h>
+#include <flex/parallel/tp_layers.h>
+
+#include <gtest/gtest.h>
+
+#include "mpi_util.h"
+
+using namespace flex;
+using flex_test::world;
+
+namespace {
+// The same tensors on every rank (CPU generator, fixed seed).
+at::Tensor seeded(uint64_t seed, at::IntArrayRef shape) {
+  at::manual_seed(seed);
+  return at::randn(shape);
+}
+}  // namespace
+
+TEST(TensorParallel, ColumnGatherAndGatherWhole) {
+  auto tp = world();
+  const at::Tensor W = seeded(1, {12, 6}), b = seeded(2, {12}), x = seeded(3, {2, 3, 6});
+  const at::Tensor expect = at::linear(x, W, b);
+  ColumnParallelLinear local(6, 12, tp);
+  local.load_shard("weight", W);
+  local.load_shard("bias", b);
+  const at::Tensor piece = local(x);
+  EXPECT_TRUE(at::allclose(piece, shard_of(ShardSpec::split(-1), expect, tp->rank(), tp->size()), 1e-5, 1e-6));
+  at::Tensor whole = gather_whole(local.sharding().output, piece, *tp, 0);
+  if (tp->rank() == 0) {
+    EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-6));
+  } else {
+    EXPECT_FALSE(whole.defined());
+  }
+  ColumnParallelLinear::Options o;
+  o.gather_output = true;
+  ColumnParallelLinear gathered(6, 12, tp, o);
+  gathered.load_shard("weight", W);
+  gathered.load_shard("bias", b);
+  EXPECT_TRUE(at::allclose(gathered(x), expect, 1e-5, 1e-6));
+}
+
+// GPT-2's c_attn (Conv1D layout, fused [q|k|v], split by heads): gathered on
+// rank 0 it is the plain projection, q, k and v in place.
+TEST(TensorParallel, FusedQkvGathersDeinterleaved) {
+  auto tp = world();
+  const int64_t E = 16, hd = 4;  // 4 heads
+  const at::Tensor W = seeded(4, {E, 3 * E}), b = seeded(5, {3 * E}), x = seeded(6, {2, 5, E});
+  const at::Tensor expect = at::addmm(b, x.reshape({-1, E}), W).view({2, 5, 3 * E});
+  ColumnParallelLinear::Options o;
+  o.blocks = {E, E, E};
+  o.unit = hd;
+  o.conv1d_layout = true;
+  ColumnParallelLinear attn(E, 3 * E, tp, o);
+  attn.load_shard("weight", W);
+  attn.load_shard("bias", b);
+  const at::Tensor whole = all_gather_whole(attn.sharding().output, attn(x), *tp);
+  EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-6));
+}
+
+TEST(TensorParallel, ColumnRowMlpForwardAndBackward) {
+  auto tp = world();
+  const at::Tensor W1 = seeded(7, {16, 8}), b1 = seeded(8, {16}), W2 = seeded(9, {8, 16}), b2 = seeded(10, {8});
+  const at::Tensor x = seeded(11, {3, 8});
+  ColumnParallelLinear up(8, 16, tp);
+  RowParallelLinear down(16, 8, tp);
+  up.load_shard("weight", W1);
+  up.load_shard("bias", b1);
+  down.load_shard("weight", W2);
+  down.load_shard("bias", b2);
+  at::Tensor y = down(at::gelu(up(x)));
+  const at::Tensor W1r = W1.clone().requires_grad_(), W2r = W2.clone().requires_grad_();
+  at::Tensor ref = at::linear(at::gelu(at::linear(x, W1r, b1)), W2r, b2);
+  EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-5));
+  y.sum().backward();
+  ref.sum().backward();
+  // Each rank's weight gradient is its slice of the whole gradient.
+  const int r = tp->rank(), n = tp->size();
+  EXPECT_TRUE(at::allclose(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(down.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(down.bias.grad(), at::ones({3, 8}).sum(0)));
+}
+
+TEST(TensorParallel, RowFromWholeInputAndPartialSums) {
+  auto tp = world();
+  const at::Tensor W = seeded(12, {5, 12}), b = seeded(13, {5}), x = seeded(14, {4, 12});
+  const at::Tensor expect = at::linear(x, W, b);
+  RowParallelLinear::Options o;
+  o.input_is_parallel = false;
+  RowParallelLinear row(12, 5, tp, o);
+  row.load_shard("weight", W);
+  row.load_shard("bias", b);
+  EXPECT_TRUE(at::allclose(row(x), expect, 1e-5, 1e-5));
+  // Without the all-reduce the output is a partial sum; gathering reduces it.
+  RowParallelLinear::Options p;
+  p.reduce_output = false;
+  RowParallelLinear part(12, 5, tp, p);
+  part.load_shard("weight", W);
+  part.load_shard("bias", b);
+  EXPECT_EQ(part.sharding().output, ShardSpec::partial_sum());
+  const at::Tensor local = part(shard_of(ShardSpec::split(-1), x, tp->rank(), tp->size()));
+  at::Tensor whole = gather_whole(part.sharding().output, local, *tp, tp->size() - 1);
+  if (tp->rank() == tp->size() - 1) EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-5));
+}
+
+TEST(TensorParallel, VocabParallelEmbeddingUneven) {
+  auto tp = world();
+  const at::Tensor W = seeded(15, {10, 4});  // 10 rows over 4 ranks: 3, 3, 2, 2
+  const at::Tensor ids = at::tensor({0, 9, 3, 4, 7, 2, 5, 6}, at::kLong).view({2, 4});
+  VocabParallelEmbedding emb(10, 4, tp);
+  emb.load_shard("weight", W);
+  EXPECT_TRUE(emb(ids).equal(at::embedding(W, ids)));
+  // Every rank rejects an id outside the vocabulary (no rank is left waiting).
+  EXPECT_THROW(emb(at::tensor({10}, at::kLong)), ShapeError);
+  at::Tensor again = emb(ids);
+  EXPECT_TRUE(again.equal(at::embedding(W, ids)));
+}
+
+// Tensor-parallel layers on the tp groups of a 2-D mesh.
+TEST(TensorParallel, OnMeshTpGroups) {
+  auto w = world();
+  if (w->size() % 2 != 0) GTEST_SKIP();
+  DeviceMesh mesh(w, 2, 1, w->size() / 2);
+  const at::Tensor W = seeded(16, {6, 8}), b = seeded(17, {6});
+  const at::Tensor x = seeded(18 + mesh.dp_rank(), {3, 8});  // a different batch per dp rank
+  ColumnParallelLinear::Options o;
+  o.gather_output = true;
+  ColumnParallelLinear m(8, 6, mesh.tp_group(), o);
+  m.load_shard("weight", W);
+  m.load_shard("bias", b);
+  EXPECT_TRUE(at::allclose(m(x), at::linear(x, W, b), 1e-5, 1e-6));
+}
