@@ -14,8 +14,12 @@
 //  - fallback_allocation with fractional sizes (bool buffers, as in GPT-2 and
 //    GPT-NeoX) raises AttributeError upstream ('float' object has no attribute
 //    'upper'); here the fallback works with any size and returns a valid map.
-//    For the recorded GPT-2 scenario ({0: 240542, cpu: 4833360}) that is
-//    {transformer.wpe: 0, everything else: cpu}.
+//    For the recorded GPT-2 scenario ({0: 240542, cpu: 4833360}, no-split
+//    GPT2Block) that is {transformer.wpe: 0, everything else: cpu}; for
+//    GPT-NeoX ({0: 240552, cpu: 5325120}) {gpt_neox.emb_dropout: 0,
+//    gpt_neox.final_layer_norm: 0, everything else: cpu} (a 0-byte module
+//    leaves the device "empty", so the search runs once more, as upstream's
+//    rule would).
 //  - A tied parameter is matched to the queued module that is its dotted
 //    ancestor; upstream uses a substring test ("h.1" also matches "h.10.w").
 //  - A tied module that is a bare tensor is never split (upstream would
