@@ -170,19 +170,28 @@ std::string DeviceMap::to_json(int indent) const {
 
 DeviceMap DeviceMap::from_json(const std::string& text, const std::string& source) {
   nlohmann::ordered_json j;
+  // The parser keeps one value per key; a key given twice is noticed here.
+  std::unordered_set<std::string> top_keys;
+  std::string duplicate;
+  auto watch = [&](int depth, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    if (depth == 1 && event == nlohmann::ordered_json::parse_event_t::key && parsed.is_string() &&
+        !top_keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::ordered_json::parse(text);
+    j = nlohmann::ordered_json::parse(text, watch);
   } catch (const nlohmann::json::exception& e) {
     throw FileFormatError(source + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object())
     throw FileFormatError(source + ": a device map must be a JSON object {\"module\": device}, got " +
                           std::string(j.type_name()));
+  if (!duplicate.empty()) throw DeviceMapError(source + ": key '" + duplicate + "' appears twice");
   DeviceMap map;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     const auto& v = it.value();
-    if (map.contains(key)) throw DeviceMapError(source + ": key '" + key + "' appears twice");
     try {
       if (v.is_number_integer()) {
         const int64_t i = v.get<int64_t>();

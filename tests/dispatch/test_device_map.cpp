@@ -91,6 +91,11 @@ TEST(DeviceMap, BadJsonNamesFileAndKey) {
   EXPECT_TRUE(has(msg, "'a'") && has(msg, "-1")) << msg;
   msg = error_of<flex::DeviceMapError>([] { flex::DeviceMap::from_json(R"({"a": null})", "z.json"); });
   EXPECT_TRUE(has(msg, "'a'")) << msg;
+  msg = error_of<flex::DeviceMapError>([] { flex::DeviceMap::from_json(R"({"a": 0, "b": {"a": 1}, "a": 1})", "d.json"); });
+  EXPECT_TRUE(has(msg, "d.json") && has(msg, "'a' appears twice")) << msg;
+  // Nested objects are not devices.
+  msg = error_of<flex::DeviceMapError>([] { flex::DeviceMap::from_json(R"({"b": {"a": 1}})", "d.json"); });
+  EXPECT_TRUE(has(msg, "'b'")) << msg;
 }
 
 TEST(DeviceMap, SetEraseFindAndAncestors) {
