@@ -22,6 +22,7 @@ class Checkpoint;
 
 /// The architecture for cfg.model_type, parameters created with `opts`
 /// (dtype, device). Inside flex::EmptyInit the parameters are on meta.
+/// Returned in eval mode (dropout off); call train() to enable dropout.
 std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& cfg, const at::TensorOptions& opts = {});
 
 struct LoadOptions {
