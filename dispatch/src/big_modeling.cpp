@@ -96,16 +96,26 @@ Module& dispatch_model(Module& model, const DeviceMap& device_map, const Dispatc
     a.preload_module_classes = opt.preload_module_classes;
     const auto tied = find_tied_parameters(model);
     if (weights || save_folder || opt.offload_index) {
+      if (!weights) weights = std::make_shared<StateDictWeights>();
       auto loader = std::make_shared<OffloadedWeightsLoader>(weights, save_folder, opt.offload_index);
-      // Tied copies absent from the store (lm_head.weight) read their partner.
+      // A tied copy absent from the store (lm_head.weight is not in the file)
+      // reads its partner: from the store, or the partner's tensor in memory.
       for (const auto& group : tied)
-        for (const auto& name : group)
-          if (!loader->contains(name))
-            for (const auto& other : group)
-              if (other != name && loader->contains(other)) {
-                loader->add_alias(name, other);
-                break;
-              }
+        for (const auto& name : group) {
+          if (loader->contains(name)) continue;
+          for (const auto& other : group) {
+            if (other == name) continue;
+            if (loader->contains(other)) {
+              loader->add_alias(name, other);
+              break;
+            }
+            at::Tensor t = get_module_tensor(model, other);
+            if (!t.is_meta()) {
+              weights->set(name, t);
+              break;
+            }
+          }
+        }
       a.weights_map = loader;
     }
     a.tied_params_map = std::make_shared<TiedParamsMap>();

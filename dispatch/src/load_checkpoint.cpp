@@ -144,6 +144,13 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
     }
   }
   retie_parameters(model, tied);
+  // retie_parameters skips groups that are all on meta (disk-mapped); tie
+  // those to one meta tensor so dispatch_model still sees the group.
+  for (const auto& group : tied) {
+    at::Tensor first = get_module_tensor(model, group.front());
+    if (!first.is_meta()) continue;
+    for (size_t i = 1; i < group.size(); ++i) set_module_tensor(model, group[i], first);
+  }
   return report;
 }
 

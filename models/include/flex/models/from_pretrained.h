@@ -1,0 +1,43 @@
+#pragma once
+// Transformers-style from_pretrained for the zoo's causal LMs, with the
+// big-model options: a device map (explicit, a strategy string or one
+// device), memory budgets, torch_dtype (incl. "auto"), an offload folder.
+// The model is built on meta (no memory, no random init), then every tensor
+// is loaded straight to where the map puts it; the result carries its
+// hf_device_map (flex::hf_device_map(model)).
+#include <flex/dispatch/device_map.h>
+#include <flex/dispatch/memory.h>
+#include <flex/models/causal_lm.h>
+
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flex {
+
+struct PretrainedOptions {
+  /// "auto", "balanced", "balanced_low_0", "sequential", or one device
+  /// ("cpu", "disk", "0", "cuda:1"); empty: everything on CPU, no hooks.
+  std::string device_map_strategy;
+  /// An explicit map (wins over the strategy).
+  std::optional<DeviceMap> device_map;
+  std::optional<MaxMemory> max_memory;
+  /// "float32" (default), "bfloat16", "float16", "float64" or "auto"
+  /// (config.json's torch_dtype, else the checkpoint's first floating dtype).
+  std::string torch_dtype = "float32";
+  /// Folder for disk-offloaded weights of non-safetensors checkpoints (with
+  /// safetensors the checkpoint itself is the store).
+  std::optional<std::string> offload_folder;
+  /// Default: the architecture's block class (model->no_split_modules()).
+  std::optional<std::vector<std::string>> no_split_module_classes;
+  bool offload_buffers = false;
+  /// Missing checkpoint keys are errors (true) or warnings.
+  bool strict = true;
+  std::ostream* log = nullptr;
+};
+
+std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& options = {});
+
+}  // namespace flex
