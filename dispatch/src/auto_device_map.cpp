@@ -9,6 +9,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace flex {
@@ -77,6 +78,7 @@ class Planner {
     for (const auto& m : queue_)
       if (m.is_module()) mods.push_back(m);
     max_layer_ = get_max_layer_size(mods, sizes_, no_split_);
+    max_names_ = std::set<std::string>(max_layer_.names.begin(), max_layer_.names.end());
   }
   /// Tied parameters outside `name` whose group has a member inside it.
   std::vector<std::string> outside_ties(const std::string& name) const {
@@ -160,6 +162,7 @@ class Planner {
   std::vector<std::vector<std::string>> tied_;
   Queue queue_;
   MaxLayer max_layer_;
+  std::set<std::string> max_names_;  // max-size layers not yet taken ('/' follows '.' in ASCII)
 };
 
 DeviceMap Planner::run() {
@@ -178,11 +181,10 @@ DeviceMap Planner::run() {
     if (o_.verbose) log_ << "\nTreating module " << name << ".\n";
 
     // 2. The largest remaining layer changes once every layer of that size is taken.
-    auto& names = max_layer_.names;
-    names.erase(std::remove_if(names.begin(), names.end(),
-                               [&](const std::string& n) { return n == name || starts_with(n, name + "."); }),
-                names.end());
-    if (names.empty()) recompute_max_layer();
+    //    (names kept sorted: `name` and everything below it form one range)
+    max_names_.erase(name);
+    max_names_.erase(max_names_.lower_bound(name + "."), max_names_.lower_bound(name + "/"));
+    if (max_names_.empty()) recompute_max_layer();
 
     const double module_size = sizes_[name];
     const std::vector<std::string> tied_params = outside_ties(name);

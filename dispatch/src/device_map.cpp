@@ -232,51 +232,66 @@ bool under(const std::string& key, const std::string& prefix) {
   return prefix.empty() || key.compare(0, prefix.size(), prefix) == 0;
 }
 
-void clean_rec(DeviceMap& map, const std::string& module_name) {
-  const std::string prefix = module_name.empty() ? "" : module_name + ".";
-  std::vector<std::string> keys;
-  for (const auto& e : map)
-    if (under(e.first, prefix)) keys.push_back(e.first);
-  if (keys.size() > 1) {
-    const MapDevice first = map.at(keys[0]);
-    bool same = true;
-    for (const auto& k : keys) same = same && map.at(k) == first;
-    if (same) {
-      // Rebuild so the prefix takes the place of its first key.
-      std::vector<DeviceMap::Entry> entries;
-      bool placed = false;
-      for (const auto& e : map) {
-        if (e.first == module_name) continue;  // superseded by the collapsed entry
-        if (under(e.first, prefix)) {
-          if (!placed) entries.emplace_back(module_name, first);
-          placed = true;
-          continue;
-        }
-        entries.push_back(e);
+// One pass per tree level over the keys below `module_name` (not over the
+// whole map, as upstream does), so cleaning is O(keys x depth).
+struct Cleaner {
+  const std::vector<DeviceMap::Entry>& entries;
+  std::vector<bool> removed;
+  std::vector<std::pair<size_t, DeviceMap::Entry>> collapsed;  // (position, entry)
+  std::unordered_map<std::string, size_t> position;
+
+  void run(const std::vector<size_t>& group, const std::string& module_name, size_t depth) {
+    const std::string prefix = module_name.empty() ? "" : module_name + ".";
+    std::vector<size_t> below;
+    for (size_t i : group)
+      if (under(entries[i].first, prefix)) below.push_back(i);
+    if (below.size() > 1) {
+      const MapDevice first = entries[below[0]].second;
+      bool same = true;
+      for (size_t i : below) same = same && entries[i].second == first;
+      if (same) {
+        for (size_t i : below) removed[i] = true;
+        auto own = position.find(module_name);  // superseded by the collapsed entry
+        if (own != position.end()) removed[own->second] = true;
+        collapsed.emplace_back(below[0], DeviceMap::Entry(module_name, first));
+        return;
       }
-      DeviceMap rebuilt;
-      for (auto& e : entries) rebuilt.set(e.first, e.second);
-      map = std::move(rebuilt);
     }
+    // Group by child: the first depth + 1 dotted components of each key.
+    std::vector<std::string> order;
+    std::unordered_map<std::string, std::vector<size_t>> children;
+    for (size_t i : below) {
+      const std::string& key = entries[i].first;
+      size_t pos = 0;
+      for (size_t d = 0; d <= depth && pos != std::string::npos; ++d) pos = key.find('.', d == 0 ? 0 : pos + 1);
+      std::string child = pos == std::string::npos ? key : key.substr(0, pos);
+      auto& members = children[child];
+      if (members.empty()) order.push_back(child);
+      members.push_back(i);
+    }
+    for (const auto& child : order) run(children[child], child, depth + 1);
   }
-  // Recurse into the children that still have keys below them.
-  const size_t depth = module_name.empty() ? 0 : static_cast<size_t>(std::count(module_name.begin(), module_name.end(), '.')) + 1;
-  std::set<std::string> children;
-  for (const auto& e : map) {
-    if (!under(e.first, prefix) || e.first.size() <= module_name.size()) continue;
-    // The first depth + 1 dotted components of the key.
-    size_t pos = 0;
-    for (size_t i = 0; i <= depth && pos != std::string::npos; ++i) pos = e.first.find('.', i == 0 ? 0 : pos + 1);
-    children.insert(pos == std::string::npos ? e.first : e.first.substr(0, pos));
-  }
-  for (const auto& child : children) clean_rec(map, child);
-}
+};
 
 }  // namespace
 
 DeviceMap clean_device_map(DeviceMap map) {
-  clean_rec(map, "");
-  return map;
+  const auto& entries = map.entries();
+  Cleaner c{entries, std::vector<bool>(entries.size(), false), {}, {}};
+  std::vector<size_t> all(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    all[i] = i;
+    c.position.emplace(entries[i].first, i);
+  }
+  c.run(all, "", 0);
+  std::unordered_map<size_t, DeviceMap::Entry> at_position(c.collapsed.begin(), c.collapsed.end());
+  DeviceMap out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto col = at_position.find(i);
+    if (col != at_position.end()) out.set(col->second.first, col->second.second);
+    if (!c.removed[i]) out.set(entries[i].first, entries[i].second);
+  }
+  return out;
 }
 
 namespace {
