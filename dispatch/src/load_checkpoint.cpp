@@ -164,6 +164,7 @@ LoadCheckpointReport load_checkpoint_and_dispatch(Module& model, const std::stri
     io.dtype = opt.dtype;
     io.offload_buffers = opt.offload_buffers;
     io.log = opt.log;
+    io.skip_module = opt.skip_module;
     map = resolve_device_map(model, opt.device_map_strategy, io);
   }
   LoadCheckpointOptions lo;

@@ -41,6 +41,8 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   d.log = o.log;
   // The KV cache is state, never moved between devices.
   d.skip_keys = {"past_key_values"};
+  // Hook points hold no tensors; leaving them out keeps maps identical to Accelerate's.
+  d.skip_module = [](const std::string& name) { return is_hook_point_name(name); };
   load_checkpoint_and_dispatch(*model, ckpt.source(), d);
   model->eval();
   return model;

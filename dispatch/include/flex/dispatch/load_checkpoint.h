@@ -17,6 +17,7 @@
 #include <flex/dispatch/memory.h>
 #include <flex/dispatch/offload_folder.h>
 
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -71,6 +72,8 @@ struct LoadAndDispatchOptions {
   bool force_hooks = false;
   bool strict = false;
   std::ostream* log = nullptr;
+  /// Modules left out of an inferred map (e.g. tensor-less hook points).
+  std::function<bool(const std::string& name)> skip_module;
 };
 
 /// Resolves the device map, loads the checkpoint into it and dispatches the
