@@ -196,10 +196,16 @@ void BpeTokenizer::encode_text(const std::string& text, bool at_start, std::vect
         for (size_t k = off; k < off + len; ++k) word += chars[static_cast<uint8_t>(s[k])];
         model_.encode_word(word, out);
       };
-      if (spec_.use_regex) {
-        for (const auto& [off, len] : unicode::split_gpt2(s)) run(off, len);
-      } else {
-        run(0, s.size());
+      switch (spec_.split) {
+        case BpeSpec::SplitPattern::None:
+          run(0, s.size());
+          break;
+        case BpeSpec::SplitPattern::Gpt2:
+          for (const auto& [off, len] : unicode::split_gpt2(s)) run(off, len);
+          break;
+        case BpeSpec::SplitPattern::Llama3:
+          for (const auto& [off, len] : unicode::split_llama3(s)) run(off, len);
+          break;
       }
       return;
     }

@@ -110,14 +110,25 @@ struct Reader {
     const std::string t = type(p, key);
     if (t == "Sequence") {
       const json& list = field(p, "pretokenizers", key);
-      if (!list.is_array() || list.size() != 1) {
-        unsupported(key + ".pretokenizers", "only a Sequence of one pre-tokenizer is supported");
+      if (!list.is_array()) fail(key + ".pretokenizers", "expected an array");
+      if (list.size() == 1) {
+        pre_tokenizer(list[0], key + ".pretokenizers[0]", spec);
+        return;
       }
-      pre_tokenizer(list[0], key + ".pretokenizers[0]", spec);
+      // Split(pattern) then ByteLevel(use_regex=false), as Llama 3 writes it.
+      if (list.size() != 2 || !list[0].is_object() || list[0].value("type", "") != "Split") {
+        unsupported(key + ".pretokenizers", "only [pre-tokenizer] or [Split, ByteLevel] sequences are supported");
+      }
+      const BpeSpec::SplitPattern pattern = split(list[0], key + ".pretokenizers[0]");
+      pre_tokenizer(list[1], key + ".pretokenizers[1]", spec);
+      if (spec.pre_tokenizer != BpeSpec::PreTokenizer::ByteLevel || spec.split != BpeSpec::SplitPattern::None) {
+        unsupported(key + ".pretokenizers[1]", "a Split must be followed by ByteLevel with use_regex false");
+      }
+      spec.split = pattern;
     } else if (t == "ByteLevel") {
       spec.pre_tokenizer = BpeSpec::PreTokenizer::ByteLevel;
       spec.add_prefix_space = flag(p, "add_prefix_space", key, false);
-      spec.use_regex = flag(p, "use_regex", key, true);
+      spec.split = flag(p, "use_regex", key, true) ? BpeSpec::SplitPattern::Gpt2 : BpeSpec::SplitPattern::None;
     } else if (t == "Metaspace") {
       spec.pre_tokenizer = BpeSpec::PreTokenizer::Metaspace;
       spec.metaspace_replacement = str(p, "replacement", key);
@@ -126,6 +137,24 @@ struct Reader {
     } else {
       unsupported(key + ".type", fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Metaspace are)", t));
     }
+  }
+
+  // A Split pre-tokenizer: only the GPT-2 and Llama 3 patterns, isolated, are implemented.
+  BpeSpec::SplitPattern split(const json& p, const std::string& key) const {
+    static const std::string kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+    static const std::string kLlama3 =
+        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    const json& pat = field(p, "pattern", key);
+    if (!pat.is_object() || !pat.contains("Regex") || !pat["Regex"].is_string()) {
+      unsupported(key + ".pattern", "only {\"Regex\": ...} split patterns are supported");
+    }
+    if (str(p, "behavior", key) != "Isolated" || flag(p, "invert", key, false)) {
+      unsupported(key + ".behavior", "only behavior \"Isolated\" without invert is supported");
+    }
+    const std::string re = pat["Regex"].get<std::string>();
+    if (re == kGpt2) return BpeSpec::SplitPattern::Gpt2;
+    if (re == kLlama3) return BpeSpec::SplitPattern::Llama3;
+    unsupported(key + ".pattern.Regex", fmt::format("split pattern '{}' is not supported (GPT-2's and Llama 3's are)", re));
   }
 
   void post_processor(const json& p, const std::string& key, BpeSpec& spec) const {
@@ -309,7 +338,7 @@ BpeSpec read_vocab_merges(const std::string& vocab_path, const std::string& merg
 
   spec.pre_tokenizer = BpeSpec::PreTokenizer::ByteLevel;
   spec.add_prefix_space = false;
-  spec.use_regex = true;
+  spec.split = BpeSpec::SplitPattern::Gpt2;
   spec.decoder = std::vector<BpeSpec::DecodeStep>{{BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
   const std::string eot = "<|endoftext|>";
   if (vocab.contains(eot)) {

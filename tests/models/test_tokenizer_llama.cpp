@@ -7,6 +7,8 @@
 #include <flex/models/tokenizer_bpe.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "test_util.h"
@@ -194,4 +196,45 @@ TEST(TokenizerBpeSpec, ByteLevelPrefixSpaceAndMetaspace) {
   // After a special token the piece does not start the text: no ▁ prepended.
   EXPECT_EQ(tok.encode("<s>ab"), (Ids{0, 6}));
   EXPECT_EQ(tok.decode({4, 3, 5}), "ab b");
+}
+
+TEST(TokenizerLlama3, SplitPatternIgnoreMergesAndTemplate) {
+  // A Llama 3 layout: Split(Llama 3 pattern) + ByteLevel(use_regex=false), BPE with
+  // ignore_merges, post-processor Sequence[ByteLevel, TemplateProcessing].
+  using nlohmann::json;
+  const auto& chars = flex::byte_level_chars();
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  const std::string G = chars[' '];
+  vocab[G + "hello"] = 256;  // reachable only through ignore_merges: no merges build it
+  vocab["12"] = 257;
+  vocab["123"] = 258;
+  const std::string pattern =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  json doc = json::parse(R"({
+    "added_tokens": [{"id": 300, "content": "<|begin_of_text|>", "special": true}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "PATTERN"}, "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+    "post_processor": {"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [300], "tokens": ["<|begin_of_text|>"]}}}]},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "ignore_merges": true, "merges": ["1 2", "12 3"]}})");
+  doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern;
+  doc["model"]["vocab"] = vocab;
+  flex_test::TempDir dir;
+  std::ofstream(dir.str("tokenizer.json")) << doc.dump();
+  const auto tok = flex::load_tokenizer(dir.str());
+  // " hello" is one vocabulary entry -> 256 although no merge makes it. "12345"
+  // splits as "123" "45" (groups of three): 123 via merges 1+2, 12+3; then 4, 5.
+  // "I'M": "I" then the case-insensitive contraction "'M".
+  EXPECT_EQ(tok->encode("I'M hello 12345"),
+            (Ids{300, 'I', '\'', 'M', 256, ' ', 258, '4', '5'}));
+  EXPECT_EQ(tok->decode(tok->encode("I'M hello 12345"), true), "I'M hello 12345");
+  EXPECT_EQ(tok->bos_id(), std::nullopt);  // no config and no conventional name
 }

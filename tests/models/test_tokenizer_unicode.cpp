@@ -112,3 +112,20 @@ TEST(TokenizerUnicode, NfcComposes) {
   EXPECT_EQ(u::nfc("Stra\xC3\x9F" "e \xE4\xB8\x96"), "Stra\xC3\x9F" "e \xE4\xB8\x96");
   EXPECT_EQ(u::nfc("e\xFF\xCC\x81"), "e\xFF\xCC\x81");
 }
+
+TEST(TokenizerUnicode, Llama3SplitPattern) {
+  std::vector<std::string> got;
+  const auto split = [&](const std::string& s) {
+    got.clear();
+    for (const auto& [off, len] : u::split_llama3(s)) got.push_back(s.substr(off, len));
+    return got;
+  };
+  // Case-insensitive contractions; numbers in groups of at most three; a lone space
+  // before a digit is its own piece; punctuation takes the newlines after it; the
+  // last space of a run joins the next word.
+  EXPECT_EQ(split("I'M 12345 hi!\n\n  x"), (V{"I", "'M", " ", "123", "45", " hi", "!\n\n", " ", " x"}));
+  // Any one non-letter, non-digit, non-newline character (a tab here) prefixes a
+  // word; a whitespace run ends at its last newline.
+  EXPECT_EQ(split("\tword a\n\n b"), (V{"\tword", " a", "\n\n", " b"}));
+  EXPECT_EQ(split("x \r\n y"), (V{"x", " \r\n", " y"}));
+}

@@ -43,7 +43,10 @@ struct BpeSpec {
   enum class PreTokenizer { None, ByteLevel, Metaspace };
   PreTokenizer pre_tokenizer = PreTokenizer::None;
   bool add_prefix_space = false;  // ByteLevel: a leading space if the piece has none
-  bool use_regex = true;          // ByteLevel: split with the GPT-2 pattern
+  /// ByteLevel: the split pattern (use_regex gives GPT-2's; a Split pre-tokenizer
+  /// with Llama 3's pattern in front of ByteLevel gives Llama3).
+  enum class SplitPattern { None, Gpt2, Llama3 };
+  SplitPattern split = SplitPattern::Gpt2;
   enum class PrependScheme { Always, First, Never };
   std::string metaspace_replacement = "\xE2\x96\x81";  // U+2581 "▁"
   PrependScheme prepend_scheme = PrependScheme::Always;

@@ -40,6 +40,11 @@ bool is_whitespace(uint32_t cp);
 /// UTF-8 bytes count as neither letter, number nor space.
 std::vector<std::pair<size_t, size_t>> split_gpt2(const std::string& text);
 
+/// Splits `text` as Llama 3's pattern (tiktoken's cl100k pattern) does:
+///   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
+///   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+std::vector<std::pair<size_t, size_t>> split_llama3(const std::string& text);
+
 /// Unicode Normalization Form C of `text` (Unicode 14 data). Invalid UTF-8 bytes
 /// pass through unchanged and block composition across them.
 std::string nfc(const std::string& text);
