@@ -336,7 +336,7 @@ class MpiCommunicator : public Communicator {
     const at::Tensor hbuf = at::empty({Header::kLen}, at::kLong);
     MPI_Request req;
     check(MPI_Irecv(hbuf.data_ptr(), Header::kLen, MPI_INT64_T, src, tag, data_, &req), "MPI_Irecv");
-    wait({req}, what, {hbuf});
+    wait({req}, what, {hbuf}, /*patient=*/true);
     Header h;
     std::copy(hbuf.data_ptr<int64_t>(), hbuf.data_ptr<int64_t>() + Header::kLen, h.v.begin());
     if (h.v[Header::kMagicIx] != kMagic || !h.has_tensor() || h.ndim() > kMaxDims ||
@@ -613,8 +613,9 @@ class MpiCommunicator : public Communicator {
 
   // `keep`: buffers the requests use; after a timeout they stay allocated
   // (the requests cannot be cancelled) so a late completion writes into them.
-  void wait(std::vector<MPI_Request> reqs, const std::string& what, std::vector<at::Tensor> keep = {}) {
-    if (poll(reqs)) return;
+  void wait(std::vector<MPI_Request> reqs, const std::string& what, std::vector<at::Tensor> keep = {},
+            bool patient = false) {
+    if (poll(reqs, patient)) return;
     for (auto& t : keep) keep_alive_.push_back(std::make_shared<at::Tensor>(t));
     timed_out(what);
   }
@@ -628,8 +629,11 @@ class MpiCommunicator : public Communicator {
   }
 
   // Polls until every request is done (true) or the deadline passes (false).
-  // Yields at first, then sleeps briefly: ranks often outnumber cores.
-  bool poll(std::vector<MPI_Request>& reqs) {
+  // `patient`: waiting for other ranks to arrive (headers), which may take
+  // long: back off to sleeping after 2 ms. Otherwise a payload is moving and
+  // MPI only progresses inside MPI_Test (copy-in/copy-out shared memory), so
+  // yield without sleeping for the first second.
+  bool poll(std::vector<MPI_Request>& reqs, bool patient = true) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s_));
@@ -641,7 +645,7 @@ class MpiCommunicator : public Communicator {
       if (done == MPI_UNDEFINED) return true;  // all requests are null
       const auto now = clock::now();
       if (now > deadline) return false;
-      if (now - start < std::chrono::milliseconds(2)) {
+      if (now - start < (patient ? std::chrono::milliseconds(2) : std::chrono::milliseconds(1000))) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
