@@ -5,6 +5,7 @@
 
 #include <flex/models/rotary.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -210,6 +211,35 @@ TEST(HookPoints, EditingHeadOutputsChangesTheAttentionOutput) {
   at::Tensor restored = model->logits(models_test::golden_inputs());
   EXPECT_TRUE(close(restored, models_test::golden_tensors("llama")->get("logits"), "logits after removing the edit"));
   EXPECT_FALSE(close(logits, restored, "edited logits differ"));
+}
+
+}  // namespace
+
+namespace {
+
+// GPT-NeoX with use_parallel_residual=false: layer 0 must be
+// h = x + attn(ln1(x)); out = h + mlp(ln2(h)), built here from the golden
+// attention output and the (golden-checked) norm and MLP modules.
+TEST(GPTNeoX, SequentialResidualComposesAsDocumented) {
+  flex_test::TempDir dir;
+  auto cfg = models_test::read_json(models_test::model_dir("gpt-neox") + "/config.json");
+  cfg["use_parallel_residual"] = false;
+  std::ofstream(dir.str("config.json")) << cfg.dump();
+  std::filesystem::copy_file(models_test::model_dir("gpt-neox") + "/model.safetensors", dir.str("model.safetensors"));
+  auto model = load_pretrained(dir.str(), at::kFloat);
+  auto layer = std::dynamic_pointer_cast<GPTNeoXLayer>(model->get_submodule("gpt_neox.layers.0"));
+  ASSERT_TRUE(layer && layer->hook_resid_mid);
+  auto gt = models_test::golden_tensors("gpt-neox");
+  at::Tensor mid, out;
+  auto h1 = layer->hook_resid_mid->register_forward_hook([&](Module&, const Inputs&, Value& v) { mid = v.toTensor(); });
+  auto h2 = layer->register_forward_hook([&](Module&, const Inputs&, Value& v) { out = element(v, 0); });
+  at::NoGradGuard g;
+  model->logits(models_test::golden_inputs());
+  at::Tensor expected_mid = gt->get("gpt_neox.emb_dropout") + gt->get("gpt_neox.layers.0.attention");
+  EXPECT_TRUE(close(mid, expected_mid, "resid_mid"));
+  at::Tensor expected_out = (*layer->mlp)((*layer->post_attention_layernorm)(expected_mid)) + expected_mid;
+  EXPECT_TRUE(close(out, expected_out, "sequential layer output"));
+  EXPECT_FALSE(close(out, gt->get("gpt_neox.layers.0"), "differs from the parallel residual"));
 }
 
 }  // namespace
