@@ -1,4 +1,5 @@
 #include <flex/dispatch/atomic_file.h>
+#include <flex/dispatch/dtypes.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/streaming_sink.h>
 #include <flex/hooks/errors.h>
@@ -158,7 +159,8 @@ void StreamingSink::flush() {
                    {{kFirst, std::to_string(done_)}, {kEnd, std::to_string(end)}});
   for (const auto& kv : tensors) {
     sh.tensors.emplace_back(kv.first, kv.second.sizes().vec());
-    sh.dtypes.push_back(std::string(c10::toString(kv.second.scalar_type())));
+    // The safetensors name ("F32"), as a resumed capture reads it back from the shards.
+    sh.dtypes.push_back(safetensors_dtype_name(kv.second.scalar_type()));
   }
   shards_.push_back(std::move(sh));
   done_ = end;
