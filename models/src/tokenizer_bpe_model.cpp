@@ -66,7 +66,9 @@ BpeModel::BpeModel(const BpeSpec& spec)
   }
   merges_.reserve(spec.merges.size());
   for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
-    const auto& [a, b] = spec.merges[rank];
+    // Named references, not a structured binding: lambdas capturing bindings need C++20 (clang 14 refuses).
+    const std::string& a = spec.merges[rank].first;
+    const std::string& b = spec.merges[rank].second;
     const auto find = [&](const std::string& t) {
       auto it = vocab_.find(t);
       if (it == vocab_.end()) {
