@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Sanitizer builds and runs (clang 14).
+#
+#   scripts/ci-sanitizers.sh [asan|tsan|all]      (default: all)
+#
+# asan: build-asan with -fsanitize=address,undefined (plus libFuzzer coverage
+#       instrumentation, so the same build also holds the fuzz targets, see
+#       scripts/fuzz-smoke.sh) and runs the parser, file-writer, hooks,
+#       flexcore and reliability tests in it. Leak checking is on.
+# tsan: build-tsan with -fsanitize=thread and runs the tests that use threads
+#       (tests/reliability/test_threads.cpp, the local communicator, the
+#       streaming sink) with OMP_NUM_THREADS=1 (libgomp is not instrumented).
+#
+# Only a subset of the suite is sanitized: the whole suite under ASan does not
+# fit the 45-minute CI budget on 2 cores. FLEX_ASAN_TESTS / FLEX_TSAN_TESTS
+# (space-separated test executable names) override the subsets; FLEX_ASAN_DIR /
+# FLEX_TSAN_DIR the build directories.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mode=${1:-all}
+jobs=${FLEX_JOBS:-$(nproc)}
+
+asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
+  dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map
+  flexcore_flex_model flexcore_streaming_sink models_tokenizer_errors models_tokenizer_gpt2 models_loading
+  reliability_bad_inputs reliability_crash_safe_writes reliability_threads"}
+tsan_tests=${FLEX_TSAN_TESTS:-"reliability_threads parallel_local_comm flexcore_streaming_sink"}
+
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF
+        "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
+# vptr and function checks need RTTI/type info of every library the objects
+# come from; libtorch is not built for them, so they only give false reports.
+asan_flags="-fsanitize=address,undefined -fno-sanitize=vptr,function -fno-sanitize-recover=undefined -fno-omit-frame-pointer -gline-tables-only -fsanitize=fuzzer-no-link"
+asan_dir=${FLEX_ASAN_DIR:-$root/build-asan}
+tsan_dir=${FLEX_TSAN_DIR:-$root/build-tsan}
+
+run_tests() {  # build_dir tests...
+  local dir=$1; shift
+  local failed=0
+  for t in "$@"; do
+    local exe
+    exe=$(find "$dir/tests" -maxdepth 2 -type f -name "$t" | head -1)
+    if [ -z "$exe" ]; then echo "sanitizers: $t not built"; failed=1; continue; fi
+    local start=$(date +%s)
+    if "$exe" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
+      echo "sanitizers: $t passed ($(( $(date +%s) - start )) s)"
+    else
+      echo "sanitizers: $t FAILED ($(( $(date +%s) - start )) s); log:"; tail -50 "$dir/$t.log"; failed=1
+    fi
+  done
+  return $failed
+}
+
+status=0
+if [ "$mode" = asan ] || [ "$mode" = all ]; then
+  start=$(date +%s)
+  cmake -S "$root" -B "$asan_dir" "${common[@]}" -DFLEX_FUZZ=ON "-DCMAKE_CXX_FLAGS=$asan_flags" >/dev/null
+  # shellcheck disable=SC2086
+  ninja -C "$asan_dir" -j"$jobs" $asan_tests
+  echo "sanitizers: ASan+UBSan build took $(( $(date +%s) - start )) s"
+  start=$(date +%s)
+  # libtorch keeps some allocations for the life of the process (registries,
+  # thread pools); LSan reports only unreachable blocks, which it has none of.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_odr_violation=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE run_tests "$asan_dir" $asan_tests || status=1
+  echo "sanitizers: ASan+UBSan tests took $(( $(date +%s) - start )) s"
+fi
+if [ "$mode" = tsan ] || [ "$mode" = all ]; then
+  start=$(date +%s)
+  cmake -S "$root" -B "$tsan_dir" "${common[@]}" \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=thread -fno-omit-frame-pointer -gline-tables-only" >/dev/null
+  # shellcheck disable=SC2086
+  ninja -C "$tsan_dir" -j"$jobs" $tsan_tests
+  echo "sanitizers: TSan build took $(( $(date +%s) - start )) s"
+  start=$(date +%s)
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE run_tests "$tsan_dir" $tsan_tests || status=1
+  echo "sanitizers: TSan tests took $(( $(date +%s) - start )) s"
+fi
+exit $status
