@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   int rounds = 9;
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear even if the run is cut short
   at::set_num_threads(2);
   const fs::path dir = bench::temp_dir("capture");
   bench::write_gpt2(dir / "model", 12, 768, 12, 50257);

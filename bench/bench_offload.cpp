@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--skip-memory")) memory = false;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines appear even if the run is cut short
   at::set_num_threads(2);
   latency(rounds);
   if (memory) anon_memory();
