@@ -1,0 +1,121 @@
+#pragma once
+// Internals of the `flexmodel` command line: argument parsing, logging,
+// progress, and the subcommands. Not a public API (no include/ header).
+#include <flex/dispatch/memory.h>
+#include <flex/models/causal_lm.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flex::cli {
+
+/// A mistake on the command line: exit code 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A flag a subcommand accepts.
+struct Flag {
+  std::string name;       // "--hook"
+  std::string metavar;    // "NAME" (empty: a switch without value)
+  std::string help;
+  bool repeatable = false;
+};
+
+/// One subcommand's command line: positionals and flag values, validated
+/// against its flags (unknown flags, missing values, repeats -> UsageError).
+class Args {
+ public:
+  Args(const std::string& command, const std::vector<Flag>& flags, const std::vector<std::string>& argv);
+  bool help() const { return help_; }
+  bool has(const std::string& flag) const { return values_.count(flag) > 0; }
+  /// The value of a flag given once; nullopt when absent.
+  std::optional<std::string> get(const std::string& flag) const;
+  /// Every value of a repeatable flag, in order.
+  std::vector<std::string> all(const std::string& flag) const;
+  const std::vector<std::string>& positionals() const { return positionals_; }
+  /// The single MODEL_DIR-like positional; UsageError when absent or extra.
+  std::string one_positional(const std::string& metavar) const;
+  /// A flag's value parsed as an integer / number (UsageError naming the flag).
+  std::optional<int64_t> get_int(const std::string& flag) const;
+  std::optional<double> get_double(const std::string& flag) const;
+
+ private:
+  std::string command_;
+  bool help_ = false;
+  std::vector<std::string> positionals_;
+  std::map<std::string, std::vector<std::string>> values_;
+};
+
+/// Usage text of a subcommand.
+std::string usage_text(const std::string& command, const std::string& synopsis, const std::vector<Flag>& flags,
+                       const std::string& description);
+
+// --- logging ------------------------------------------------------------------------
+enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
+/// From --log-level, else $FLEXMODEL_LOG, else warn. UsageError for unknown names.
+void set_log_level(const std::optional<std::string>& flag);
+LogLevel log_level();
+/// One line on stderr when `level` is enabled.
+void log(LogLevel level, const std::string& message);
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+class Progress {
+ public:
+  Progress(std::string what, int64_t total);
+  ~Progress();
+  void step(int64_t n = 1);
+
+ private:
+  void draw() const;
+  std::string what_;
+  int64_t total_, done_ = 0;
+  bool on_;
+};
+
+// --- shared option parsing ----------------------------------------------------------
+/// "0=200MB,cpu=1GiB,disk=10GB" -> budgets; UsageError naming the bad part.
+MaxMemory parse_max_memory(const std::string& text);
+/// f32|bf16|f16 (and their long names) -> dtype; UsageError otherwise.
+at::ScalarType parse_dtype(const std::string& text);
+/// Transformers' torch_dtype spelling of a dtype ("float32").
+std::string torch_dtype_name(at::ScalarType t);
+/// A size string ("200MB", "1GiB", bytes) -> bytes; UsageError naming the flag.
+int64_t parse_size(const std::string& flag, const std::string& text);
+
+/// IOError when `dir` is not a model folder with config.json.
+void require_model_dir(const std::string& dir);
+/// IOError when a file cannot be created at `path` (missing or unwritable folder).
+void require_writable_file(const std::string& path);
+/// IOError when `dir` cannot be created or written.
+void require_writable_dir(const std::string& dir);
+
+/// The flags of model loading shared by capture and generate.
+std::vector<Flag> loading_flags();
+/// from_pretrained with --device-map, --max-memory, --offload-folder, --dtype.
+std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args);
+
+/// --tp/--pp/--dp: validated; UsageError for non-positive values, and
+/// UnsupportedError while parallel runs are not wired into the tool.
+std::vector<Flag> parallel_flags();
+void check_parallel(const Args& args);
+
+/// Every hookable name of `model` that --hook all selects: each named module
+/// except the root and the flex-only hook points ("...hook_resid_pre").
+std::vector<std::string> all_hook_names(CausalLM& model);
+
+// --- subcommands (each returns the exit code) ---------------------------------------
+int run_inspect(const std::vector<std::string>& argv);
+int run_capture(const std::vector<std::string>& argv);
+int run_generate(const std::vector<std::string>& argv);
+int run_convert(const std::vector<std::string>& argv);
+
+}  // namespace flex::cli

@@ -1,0 +1,249 @@
+// flexmodel capture: run a batch through a model with FlexModel hooks and
+// write every hooked module's output to one safetensors file (or, with
+// --stream-dir, to StreamingSink shards for captures larger than memory).
+#include "cli.h"
+
+#include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/flex_model.h>
+#include <flex/flexcore/streaming_sink.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/generate.h>
+#include <flex/models/tokenizer.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <iostream>
+#include <set>
+
+namespace flex::cli {
+
+namespace {
+
+const std::vector<Flag>& capture_flags() {
+  static const std::vector<Flag> flags = [] {
+    std::vector<Flag> f = {
+        {"--prompt", "TEXT", "a prompt, tokenized with the model folder's tokenizer", true},
+        {"--prompts-file", "FILE", "one prompt per line"},
+        {"--input-ids", "FILE.safetensors", "tensor input_ids [B, T] (and attention_mask if present) as the batch"},
+        {"--hook", "NAME", "module to capture ('all': every named module except the root and hook_* points)", true},
+        {"--out", "FILE.safetensors", "output: one tensor per hook, plus input_ids and logits"},
+        {"--batch-size", "N", "rows per forward (default: the whole batch); outputs are concatenated on dim 0"},
+        {"--stream-dir", "DIR", "stream captures to StreamingSink shards in DIR (resumes an interrupted run)"},
+        {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
+    };
+    for (auto& l : loading_flags()) f.push_back(l);
+    for (auto& p : parallel_flags()) f.push_back(p);
+    return f;
+  }();
+  return flags;
+}
+
+struct Batch {
+  at::Tensor input_ids, attention_mask;  // mask undefined: no padding
+};
+
+Batch read_input_ids(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  if (!f->contains("input_ids")) {
+    std::string names;
+    for (const auto& n : f->names()) names += (names.empty() ? "" : ", ") + n;
+    throw NotFoundError("'" + path + "' has no tensor named input_ids (it has: " + names + ")");
+  }
+  Batch b;
+  b.input_ids = f->get("input_ids").to(at::kLong).clone();
+  if (b.input_ids.dim() == 1) b.input_ids = b.input_ids.unsqueeze(0);
+  if (b.input_ids.dim() != 2)
+    throw ShapeError("'" + path + "': input_ids must be [batch, tokens], got " + std::to_string(b.input_ids.dim()) + " dims");
+  if (f->contains("attention_mask")) {
+    b.attention_mask = f->get("attention_mask").to(at::kLong).clone();
+    if (b.attention_mask.dim() == 1) b.attention_mask = b.attention_mask.unsqueeze(0);
+    if (b.attention_mask.sizes() != b.input_ids.sizes())
+      throw ShapeError("'" + path + "': attention_mask shape does not match input_ids");
+  }
+  return b;
+}
+
+Batch tokenize(const std::string& dir, const std::vector<std::string>& prompts) {
+  if (prompts.empty()) throw UsageError("no prompts given (the prompts file is empty?)");
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_tokenizer(dir);
+  } catch (const IOError&) {
+    throw IOError("model directory '" + dir +
+                  "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt); pass token ids with --input-ids");
+  }
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto& p : prompts) {
+    ids.push_back(tok->encode(p));
+    if (ids.back().empty()) throw ConfigError("prompt '" + p + "' has no tokens");
+  }
+  const int64_t pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
+  auto [input_ids, mask] = pad_left(ids, pad);
+  Batch b{input_ids, mask};
+  if (mask.min().item<int64_t>() == 1) b.attention_mask = at::Tensor();  // no padding at all
+  return b;
+}
+
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IOError("cannot read prompts file '" + path + "'");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+at::Tensor to_out(const at::Tensor& t, at::ScalarType dtype) {
+  at::Tensor c = t.detach().to(at::kCPU);
+  return c.is_floating_point() ? c.to(dtype).contiguous() : c.contiguous();
+}
+
+/// Casts captures to the output dtype, adds the per-forward input_ids and
+/// logits the root hook stashed, and hands everything to the StreamingSink.
+class StreamWriter : public ActivationSink {
+ public:
+  StreamWriter(std::shared_ptr<StreamingSink> sink, at::ScalarType dtype) : sink_(std::move(sink)), dtype_(dtype) {}
+  void write(const std::string& key, int64_t fwd, const at::Tensor& t) override { sink_->write(key, fwd, to_out(t, dtype_)); }
+  void end_forward(int64_t fwd) override {
+    for (auto& [k, t] : pending_) sink_->write(k, fwd, t);
+    pending_.clear();
+    sink_->end_forward(fwd);
+  }
+  void stash(const std::string& key, const at::Tensor& t) { pending_.emplace_back(key, to_out(t, dtype_)); }
+  StreamingSink& sink() { return *sink_; }
+
+ private:
+  std::shared_ptr<StreamingSink> sink_;
+  at::ScalarType dtype_;
+  std::vector<std::pair<std::string, at::Tensor>> pending_;
+};
+
+}  // namespace
+
+int run_capture(const std::vector<std::string>& argv) {
+  Args args("capture", capture_flags(), argv);
+  if (args.help()) {
+    std::cout << usage_text("capture",
+                            "MODEL_DIR (--prompt TEXT ... | --prompts-file FILE | --input-ids FILE.safetensors)\n"
+                            "                          --hook NAME [--hook NAME ...] --out FILE.safetensors [options]",
+                            capture_flags(),
+                            "Runs the batch through the model with a FlexModel forward hook on every --hook and\n"
+                            "writes one tensor per hooked module, named as the module (tuple outputs: element 0;\n"
+                            "a module called k times per forward also gives NAME@1 .. NAME@k-1), plus input_ids\n"
+                            "and logits (and attention_mask when prompts were padded). Floating tensors are\n"
+                            "float32 unless --dtype says otherwise. Batches are concatenated along dim 0.");
+    return 0;
+  }
+  set_log_level(args.get("--log-level"));
+  const std::string dir = args.one_positional("MODEL_DIR");
+  check_parallel(args);
+  const int sources = args.has("--prompt") + args.has("--prompts-file") + args.has("--input-ids");
+  if (sources != 1) throw UsageError("give exactly one of --prompt, --prompts-file or --input-ids");
+  const auto hooks_given = args.all("--hook");
+  if (hooks_given.empty()) throw UsageError("give at least one --hook NAME (or --hook all)");
+  const auto out = args.get("--out");
+  if (!out) throw UsageError("missing --out FILE.safetensors");
+  const int64_t batch_size = args.get_int("--batch-size").value_or(0);
+  if (args.has("--batch-size") && batch_size < 1) throw UsageError("option --batch-size must be at least 1");
+  const at::ScalarType out_dtype = args.get("--dtype") ? parse_dtype(*args.get("--dtype")) : at::kFloat;
+  require_writable_file(*out);  // fail before any work
+  require_model_dir(dir);
+
+  Batch all;
+  if (auto f = args.get("--input-ids")) all = read_input_ids(*f);
+  else if (args.has("--prompt")) all = tokenize(dir, args.all("--prompt"));
+  else all = tokenize(dir, read_prompts(*args.get("--prompts-file")));
+
+  auto model = load_model(dir, args);
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (const auto& h : hooks_given) {
+    const auto add = h == "all" ? all_hook_names(*model) : std::vector<std::string>{h};
+    for (const auto& n : add)
+      if (seen.insert(n).second) names.push_back(n);
+  }
+
+  FlexModel fm(model);
+  for (const auto& n : names) fm.register_forward_hook(std::make_shared<HookFunction>(n));  // unknown: NotFoundError with close names
+
+  std::shared_ptr<StreamWriter> stream;
+  HookHandle root_hook;
+  if (auto sd = args.get("--stream-dir")) {
+    require_writable_dir(*sd);
+    stream = std::make_shared<StreamWriter>(std::make_shared<StreamingSink>(*sd), out_dtype);
+    fm.set_sink(stream);
+    root_hook = model->register_forward_hook([&](Module&, const Inputs& in, Value& v) {
+      stream->stash("input_ids", in.tensor_or("input_ids"));
+      stream->stash("logits", LMOutput::from_value(v).logits);
+    });
+  }
+
+  const int64_t rows = all.input_ids.size(0);
+  const int64_t bs = batch_size > 0 ? std::min(batch_size, rows) : rows;
+  const int64_t nbatches = (rows + bs - 1) / bs;
+  const int64_t skip = stream ? std::min(stream->sink().forwards_done(), nbatches) : 0;
+  if (skip > 0) log(LogLevel::Warn, "resuming the capture in " + *args.get("--stream-dir") + " at batch " + std::to_string(skip));
+  // The sink numbers forwards itself: a resumed stream simply continues at `skip`.
+
+  std::map<std::string, std::vector<at::Tensor>> captured;
+  std::vector<at::Tensor> logits;
+  {
+    at::NoGradGuard no_grad;
+    Progress progress("capturing", nbatches - skip);
+    for (int64_t b = skip; b < nbatches; ++b) {
+      LMInputs in;
+      in.input_ids = all.input_ids.narrow(0, b * bs, std::min(bs, rows - b * bs));
+      if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, b * bs, in.input_ids.size(0));
+      Value v = fm.forward(in.to_inputs());
+      if (!stream) {
+        logits.push_back(to_out(LMOutput::from_value(v).logits, out_dtype));
+        for (auto& [key, list] : fm.output())
+          for (size_t k = 0; k < list.size(); ++k)
+            captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(to_out(list[k], out_dtype));
+        fm.clear();
+      }
+      progress.step();
+    }
+  }
+  root_hook.remove();
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  if (stream) {
+    stream->sink().flush();
+    CaptureReader reader(stream->sink().dir());
+    for (const char* k : {"input_ids", "logits"}) tensors.emplace_back(k, at::cat(reader.all(k), 0));
+  } else {
+    tensors.emplace_back("input_ids", all.input_ids);
+    tensors.emplace_back("logits", at::cat(logits, 0));
+    for (auto& [key, list] : captured) {
+      try {
+        tensors.emplace_back(key, list.size() == 1 ? list[0] : at::cat(list, 0));
+      } catch (const std::exception&) {
+        throw ShapeError("cannot concatenate the captures of '" + key + "' across batches (shapes differ); use one batch");
+      }
+    }
+  }
+  if (all.attention_mask.defined()) tensors.emplace_back("attention_mask", all.attention_mask);
+  for (const auto& n : names)
+    if (!stream && !captured.count(n)) log(LogLevel::Info, "module '" + n + "' was not called; nothing captured for it");
+
+  save_safetensors(*out, tensors, {{"format", "pt"}, {"flexmodel.model", dir}});
+  if (log_level() >= LogLevel::Info) {
+    std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [k, t] : tensors) {
+      std::ostringstream os;
+      os << "  " << k << "  " << t.sizes() << "  " << t.scalar_type();
+      log(LogLevel::Info, os.str());
+    }
+  }
+  if (log_level() >= LogLevel::Warn) {
+    std::cerr << "flexmodel: captured " << (stream ? names.size() : captured.size()) << " module outputs over " << nbatches
+              << " batch(es) -> " << (stream ? *args.get("--stream-dir") + " (shards), " : "") << *out << "\n";
+  }
+  return 0;
+}
+
+}  // namespace flex::cli

@@ -1,0 +1,118 @@
+// flexmodel convert: re-shard a checkpoint, change its dtype, or write it as
+// an Accelerate offload folder; config.json (dtype updated), the generation
+// config and the tokenizer files are copied along.
+#include "cli.h"
+
+#include <flex/dispatch/checkpoint.h>
+#include <flex/dispatch/offload_folder.h>
+#include <flex/dispatch/sharded_writer.h>
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+namespace fs = std::filesystem;
+
+namespace flex::cli {
+
+namespace {
+
+const std::vector<Flag>& convert_flags() {
+  static const std::vector<Flag> flags = [] {
+    std::vector<Flag> f = {
+        {"--out", "DIR", "output folder (created)"},
+        {"--max-shard-size", "SIZE", "largest shard, e.g. 200MB or 5GB (default: 5GB, Transformers' default)"},
+        {"--dtype", "f32|bf16|f16", "cast floating tensors"},
+        {"--offload-folder", "", "write an Accelerate offload folder (index.json + NAME.dat) instead of safetensors"},
+        {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
+    };
+    for (auto& p : parallel_flags()) f.push_back(p);
+    return f;
+  }();
+  return flags;
+}
+
+void copy_file_atomic(const fs::path& from, const fs::path& to) {
+  const fs::path tmp = to.string() + ".tmp";
+  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
+  fs::rename(tmp, to);
+}
+
+void write_text_atomic(const fs::path& to, const std::string& text) {
+  const fs::path tmp = to.string() + ".tmp";
+  {
+    std::ofstream o(tmp);
+    o << text;
+    if (!o) throw IOError("cannot write '" + tmp.string() + "'");
+  }
+  fs::rename(tmp, to);
+}
+
+}  // namespace
+
+int run_convert(const std::vector<std::string>& argv) {
+  Args args("convert", convert_flags(), argv);
+  if (args.help()) {
+    std::cout << usage_text("convert", "MODEL_DIR --out DIR [--max-shard-size SIZE] [--dtype ...] [--offload-folder]",
+                            convert_flags(),
+                            "Rewrites a checkpoint: re-sharded safetensors (model.safetensors, or\n"
+                            "model-0000i-of-0000n.safetensors + model.safetensors.index.json), optionally cast to\n"
+                            "another dtype, or an Accelerate offload folder. Tensor names are kept as stored.");
+    return 0;
+  }
+  set_log_level(args.get("--log-level"));
+  const std::string dir = args.one_positional("MODEL_DIR");
+  check_parallel(args);
+  const auto out = args.get("--out");
+  if (!out) throw UsageError("missing --out DIR");
+  const uint64_t shard = static_cast<uint64_t>(parse_size("--max-shard-size", args.get("--max-shard-size").value_or("5GB")));
+  if (shard == 0) throw UsageError("option --max-shard-size must be more than 0 bytes");
+  std::optional<at::ScalarType> dtype;
+  if (auto d = args.get("--dtype")) dtype = parse_dtype(*d);
+  const bool offload = args.has("--offload-folder");
+  if (offload && args.has("--max-shard-size")) throw UsageError("--max-shard-size does not apply to --offload-folder");
+  require_model_dir(dir);
+  std::error_code ec;
+  if (fs::exists(*out) && fs::equivalent(dir, *out, ec))
+    throw UsageError("--out must differ from MODEL_DIR");
+  require_writable_dir(*out);
+
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& file : ckpt.files())
+    for (const auto& key : ckpt.keys_in(file)) {
+      at::Tensor t = ckpt.get(key);
+      if (dtype && t.is_floating_point()) t = t.to(*dtype);
+      tensors.emplace_back(key, t);
+    }
+  Progress progress("writing", 1);
+  if (offload) {
+    offload_state_dict(*out, tensors);
+  } else {
+    save_sharded_safetensors(*out, tensors, shard);
+  }
+  progress.step();
+
+  // config.json with the new torch_dtype; the other model-folder files as they are.
+  std::ifstream cin(fs::path(dir) / "config.json");
+  nlohmann::ordered_json cfg;
+  try {
+    cfg = nlohmann::ordered_json::parse(cin);
+  } catch (const std::exception& e) {
+    throw FileFormatError("'" + (fs::path(dir) / "config.json").string() + "' is not valid JSON: " + e.what());
+  }
+  if (dtype) cfg["torch_dtype"] = torch_dtype_name(*dtype);
+  write_text_atomic(fs::path(*out) / "config.json", cfg.dump(2) + "\n");
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "vocab.json", "merges.txt", "tokenizer.model"})
+    if (fs::exists(fs::path(dir) / name)) copy_file_atomic(fs::path(dir) / name, fs::path(*out) / name);
+  if (log_level() >= LogLevel::Warn)
+    std::cerr << "flexmodel: wrote " << tensors.size() << " tensors to " << *out << (offload ? " (offload folder)" : "") << "\n";
+  return 0;
+}
+
+}  // namespace flex::cli

@@ -1,0 +1,192 @@
+// flexmodel generate: text generation with edits applied through FlexModel
+// HookFunction editing functions: steering (add alpha * vector), ablation
+// (zero a module's output or one attention head) and activation patching.
+#include "cli.h"
+
+#include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/flex_model.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/generate.h>
+#include <flex/models/tokenizer.h>
+
+#include <ATen/ATen.h>
+
+#include <iostream>
+
+namespace flex::cli {
+
+namespace {
+
+const std::vector<Flag>& generate_flags() {
+  static const std::vector<Flag> flags = [] {
+    std::vector<Flag> f = {
+        {"--prompt", "TEXT", "the prompt (tokenized with the model folder's tokenizer)"},
+        {"--max-new-tokens", "N", "tokens to generate (default 20)"},
+        {"--temperature", "T", "sample with this temperature (default: greedy)"},
+        {"--top-k", "K", "sample from the K most likely tokens"},
+        {"--top-p", "P", "sample from the smallest set with probability >= P"},
+        {"--seed", "S", "seed for sampling (default 0)"},
+        {"--steer", "NAME=VECTOR.safetensors:ALPHA", "add ALPHA * vector to NAME's output", true},
+        {"--ablate", "NAME[:HEAD]", "zero NAME's output, or one head of attention module NAME", true},
+        {"--patch", "NAME=FILE.safetensors", "replace NAME's output by the tensor in FILE (positions 0..T-1)", true},
+        {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
+    };
+    for (auto& l : loading_flags()) f.push_back(l);
+    for (auto& p : parallel_flags()) f.push_back(p);
+    return f;
+  }();
+  return flags;
+}
+
+/// "NAME=REST" -> {NAME, REST}; UsageError naming the flag otherwise.
+std::pair<std::string, std::string> split_eq(const std::string& flag, const std::string& v, const std::string& form) {
+  const auto eq = v.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
+    throw UsageError("option " + flag + ": '" + v + "' is not " + form);
+  return {v.substr(0, eq), v.substr(eq + 1)};
+}
+
+/// The tensor a steering / patch file holds: the one named `name`, else
+/// "vector" / "activation", else its only tensor.
+at::Tensor tensor_from(const std::string& path, const std::string& name) {
+  auto f = SafetensorsFile::open(path);
+  for (const std::string& n : {name, std::string("vector"), std::string("activation")})
+    if (f->contains(n)) return f->get(n).to(at::kFloat).clone();
+  if (f->names().size() == 1) return f->get(f->names()[0]).to(at::kFloat).clone();
+  throw NotFoundError("'" + path + "' holds " + std::to_string(f->names().size()) + " tensors; name one '" + name +
+                      "' (or 'vector')");
+}
+
+HookFunctionPtr edit_hook(const std::string& module, EditFn fn) {
+  HookFunctionOptions o;
+  o.save = false;
+  o.editing_function = std::move(fn);
+  return std::make_shared<HookFunction>(module, o);
+}
+
+HookFunctionPtr steer(const std::string& spec) {
+  auto [name, rest] = split_eq("--steer", spec, "NAME=VECTOR.safetensors:ALPHA");
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos) throw UsageError("option --steer: '" + spec + "' has no :ALPHA");
+  char* end = nullptr;
+  const std::string alpha_s = rest.substr(colon + 1);
+  const double alpha = std::strtod(alpha_s.c_str(), &end);
+  if (alpha_s.empty() || *end) throw UsageError("option --steer: ALPHA '" + alpha_s + "' is not a number");
+  at::Tensor vec = tensor_from(rest.substr(0, colon), name).flatten();
+  return edit_hook(name, [vec, alpha, name](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+    if (act.size(-1) != vec.numel())
+      throw ShapeError("--steer " + name + ": vector has " + std::to_string(vec.numel()) + " elements, the output's last dim is " +
+                       std::to_string(act.size(-1)));
+    return act + alpha * vec.to(act.device(), act.scalar_type());
+  });
+}
+
+HookFunctionPtr ablate(const std::string& spec, CausalLM& model) {
+  std::string name = spec;
+  std::optional<int64_t> head;
+  if (auto colon = spec.rfind(':'); colon != std::string::npos) {
+    name = spec.substr(0, colon);
+    const std::string h = spec.substr(colon + 1);
+    char* end = nullptr;
+    const long v = std::strtol(h.c_str(), &end, 10);
+    if (h.empty() || *end || v < 0) throw UsageError("option --ablate: head '" + h + "' is not a head index");
+    head = v;
+  }
+  if (!head)
+    return edit_hook(name, [](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) { return at::zeros_like(act); });
+  // One head: zero it in the attention module's per-head outputs [B, T, H, D].
+  const std::string point = is_hook_point_name(name) ? name : name + ".hook_head_out";
+  model.get_submodule(name);  // NotFoundError with close names when the module does not exist
+  bool has_point = true;
+  try {
+    model.get_submodule(point);
+  } catch (const NotFoundError&) {
+    has_point = false;
+  }
+  if (!has_point) throw NotFoundError("--ablate " + spec + ": '" + name + "' is not an attention module (it has no hook_head_out)");
+  const int64_t h = *head;
+  return edit_hook(point, [h, spec](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+    if (act.dim() != 4 || h >= act.size(2))
+      throw ShapeError("--ablate " + spec + ": head " + std::to_string(h) + " out of range for per-head output of shape " +
+                       std::to_string(act.dim()) + "-d with " + std::to_string(act.dim() == 4 ? act.size(2) : 0) + " heads");
+    at::Tensor out = act.clone();
+    out.select(2, h).zero_();
+    return out;
+  });
+}
+
+HookFunctionPtr patch(const std::string& spec) {
+  auto [name, file] = split_eq("--patch", spec, "NAME=FILE.safetensors");
+  at::Tensor p = tensor_from(file, name);
+  // Generation calls the module on the prompt, then one position per step
+  // (KV cache): track the absolute position so the patch lands on 0..Tp-1.
+  auto pos = std::make_shared<int64_t>(0);
+  return edit_hook(name, [p, pos, name](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+    if (act.dim() < 2 || p.dim() != act.dim() || (p.size(0) != 1 && p.size(0) != act.size(0)))
+      throw ShapeError("--patch " + name + ": patch of " + std::to_string(p.dim()) + " dims does not fit the output's " +
+                       std::to_string(act.dim()));
+    for (int64_t d = 2; d < act.dim(); ++d)
+      if (p.size(d) != act.size(d)) throw ShapeError("--patch " + name + ": patch shape differs from the output's in dim " + std::to_string(d));
+    const int64_t start = *pos, len = act.size(1);
+    *pos += len;
+    const int64_t n = std::min(len, p.size(1) - start);
+    if (n <= 0) return act;
+    at::Tensor out = act.clone();
+    std::vector<int64_t> sizes = act.sizes().vec();
+    sizes[1] = n;
+    out.narrow(1, 0, n).copy_(p.narrow(1, start, n).expand(sizes));
+    return out;
+  });
+}
+
+}  // namespace
+
+int run_generate(const std::vector<std::string>& argv) {
+  Args args("generate", generate_flags(), argv);
+  if (args.help()) {
+    std::cout << usage_text("generate", "MODEL_DIR --prompt TEXT [options]", generate_flags(),
+                            "Generates text, greedy or sampled, with edits applied by FlexModel HookFunction\n"
+                            "editing functions on every forward (the prompt and each new token). Prints the prompt\n"
+                            "followed by the generated text.");
+    return 0;
+  }
+  set_log_level(args.get("--log-level"));
+  const std::string dir = args.one_positional("MODEL_DIR");
+  check_parallel(args);
+  const auto prompt = args.get("--prompt");
+  if (!prompt) throw UsageError("missing --prompt TEXT");
+  GenerateOptions g;
+  g.max_new_tokens = args.get_int("--max-new-tokens").value_or(20);
+  if (g.max_new_tokens < 1) throw UsageError("option --max-new-tokens must be at least 1");
+  if (args.has("--temperature") || args.has("--top-k") || args.has("--top-p")) g.do_sample = true;
+  g.temperature = args.get_double("--temperature").value_or(1.0);
+  g.top_k = args.get_int("--top-k").value_or(0);
+  g.top_p = args.get_double("--top-p").value_or(1.0);
+  g.seed = static_cast<uint64_t>(args.get_int("--seed").value_or(0));
+  if (g.temperature <= 0) throw UsageError("option --temperature must be > 0");
+  if (g.top_k < 0) throw UsageError("option --top-k must be >= 0");
+  if (!(g.top_p > 0 && g.top_p <= 1)) throw UsageError("option --top-p must be in (0, 1]");
+  require_model_dir(dir);
+
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_tokenizer(dir);
+  } catch (const IOError&) {
+    throw IOError("model directory '" + dir + "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt)");
+  }
+  auto model = load_model(dir, args);
+  FlexModel fm(model);
+  for (const auto& s : args.all("--steer")) fm.register_forward_hook(steer(s));
+  for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, *model));
+  for (const auto& s : args.all("--patch")) fm.register_forward_hook(patch(s));
+
+  std::vector<int64_t> ids = tok->encode(*prompt);
+  if (ids.empty()) throw ConfigError("the prompt has no tokens");
+  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+  at::NoGradGuard no_grad;
+  GenerateOutput out = generate(*model, input, {}, g);
+  std::cout << *prompt << tok->decode(out.new_tokens(0)) << "\n";
+  return 0;
+}
+
+}  // namespace flex::cli

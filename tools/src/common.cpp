@@ -1,0 +1,211 @@
+// Shared pieces of the flexmodel subcommands: logging, progress bars, option
+// parsing (budgets, dtypes, sizes), checks on paths before any work starts,
+// and model loading through from_pretrained.
+#include "cli.h"
+
+#include <flex/dispatch/module_sizes.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/from_pretrained.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace flex::cli {
+
+// --- logging -----------------------------------------------------------------------
+namespace {
+LogLevel g_level = LogLevel::Warn;
+
+LogLevel level_from(const std::string& s, const std::string& source) {
+  if (s == "error") return LogLevel::Error;
+  if (s == "warn" || s == "warning") return LogLevel::Warn;
+  if (s == "info") return LogLevel::Info;
+  if (s == "debug") return LogLevel::Debug;
+  throw UsageError(source + ": unknown log level '" + s + "' (use error, warn, info or debug)");
+}
+}  // namespace
+
+void set_log_level(const std::optional<std::string>& flag) {
+  if (flag) {
+    g_level = level_from(*flag, "--log-level");
+  } else if (const char* env = std::getenv("FLEXMODEL_LOG"); env && *env) {
+    g_level = level_from(env, "FLEXMODEL_LOG");
+  }
+}
+
+LogLevel log_level() { return g_level; }
+
+void log(LogLevel level, const std::string& message) {
+  if (level > g_level) return;
+  static const char* names[] = {"error", "warning", "info", "debug"};
+  std::cerr << "flexmodel: " << names[static_cast<int>(level)] << ": " << message << "\n";
+}
+
+// --- progress ----------------------------------------------------------------------
+Progress::Progress(std::string what, int64_t total)
+    : what_(std::move(what)), total_(total), on_(isatty(STDERR_FILENO) && g_level >= LogLevel::Warn) {
+  if (on_) draw();
+}
+
+Progress::~Progress() {
+  if (on_) std::cerr << "\n";
+}
+
+void Progress::step(int64_t n) {
+  done_ += n;
+  if (on_) draw();
+}
+
+void Progress::draw() const {
+  const int width = 30;
+  const int64_t filled = total_ > 0 ? done_ * width / total_ : width;
+  std::cerr << "\r" << what_ << " [" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << done_
+            << "/" << total_ << std::flush;
+}
+
+// --- parsing -----------------------------------------------------------------------
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  try {
+    return convert_file_size_to_int(text);
+  } catch (const flex::Error&) {
+    throw UsageError("option " + flag + ": bad size '" + text + "' (use bytes or a size such as 200MB, 1.5GB, 512KiB, 1GiB)");
+  }
+}
+
+MaxMemory parse_max_memory(const std::string& text) {
+  MaxMemory mm;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    if (part.empty()) continue;
+    const auto eq = part.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == part.size())
+      throw UsageError("option --max-memory: '" + part + "' is not DEVICE=SIZE (e.g. 0=200MB,cpu=1GiB,disk=10GB)");
+    const std::string key = part.substr(0, eq), size = part.substr(eq + 1);
+    const int64_t bytes = parse_size("--max-memory", size);
+    try {
+      mm.set(MapDevice(key), static_cast<double>(bytes));
+    } catch (const flex::Error&) {
+      throw UsageError("option --max-memory: unknown device '" + key + "' (use 0, 1, ..., cpu or disk)");
+    }
+  }
+  if (mm.empty()) throw UsageError("option --max-memory: no budget given (e.g. 0=200MB,cpu=1GiB)");
+  return mm;
+}
+
+at::ScalarType parse_dtype(const std::string& text) {
+  if (text == "f32" || text == "float32" || text == "fp32" || text == "float") return at::kFloat;
+  if (text == "bf16" || text == "bfloat16") return at::kBFloat16;
+  if (text == "f16" || text == "float16" || text == "fp16" || text == "half") return at::kHalf;
+  throw UsageError("option --dtype: unknown dtype '" + text + "' (use f32, bf16 or f16)");
+}
+
+std::string torch_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kDouble: return "float64";
+    default: return "float32";
+  }
+}
+
+// --- paths -------------------------------------------------------------------------
+void require_model_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw IOError("model directory '" + dir + "' does not exist");
+  if (!fs::is_directory(dir, ec)) throw IOError("'" + dir + "' is not a directory (expected a model folder with config.json)");
+  if (!fs::exists(fs::path(dir) / "config.json", ec))
+    throw IOError("'" + dir + "' is not a model directory: it has no config.json");
+}
+
+void require_writable_file(const std::string& path) {
+  fs::path p(path);
+  fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) throw IOError("cannot write '" + path + "': it is a directory");
+  if (!fs::is_directory(parent, ec)) throw IOError("cannot write '" + path + "': folder '" + parent.string() + "' does not exist");
+  if (access(parent.c_str(), W_OK) != 0) throw IOError("cannot write '" + path + "': folder '" + parent.string() + "' is not writable");
+}
+
+void require_writable_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) throw IOError("cannot create folder '" + dir + "': " + (ec ? ec.message() : "not a directory"));
+  if (access(dir.c_str(), W_OK) != 0) throw IOError("cannot write into folder '" + dir + "'");
+}
+
+// --- loading -----------------------------------------------------------------------
+std::vector<Flag> loading_flags() {
+  return {
+      {"--device-map", "auto|sequential|FILE.json", "where modules run: a strategy or a hf_device_map JSON file"},
+      {"--max-memory", "DEV=SIZE,...", "budgets for --device-map, e.g. 0=200MB,cpu=1GiB (implies --device-map auto)"},
+      {"--offload-folder", "DIR", "folder for weights the map sends to disk"},
+      {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
+  };
+}
+
+std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
+  require_model_dir(dir);
+  PretrainedOptions o;
+  if (auto d = args.get("--dtype")) o.torch_dtype = torch_dtype_name(parse_dtype(*d));
+  if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
+  if (auto off = args.get("--offload-folder")) {
+    require_writable_dir(*off);
+    o.offload_folder = *off;
+  }
+  if (auto dm = args.get("--device-map")) {
+    static const std::vector<std::string> strategies = {"auto", "balanced", "balanced_low_0", "sequential", "cpu", "disk"};
+    bool is_strategy = false;
+    for (const auto& s : strategies) is_strategy = is_strategy || *dm == s;
+    if (is_strategy) {
+      o.device_map_strategy = *dm;
+    } else if (fs::exists(*dm) || (dm->size() > 5 && dm->substr(dm->size() - 5) == ".json")) {
+      o.device_map = DeviceMap::load(*dm);  // IOError / FileFormatError / DeviceMapError name the file
+    } else {
+      throw UsageError("option --device-map: '" + *dm +
+                       "' is neither auto, balanced, balanced_low_0, sequential, cpu, disk nor a .json file");
+    }
+  } else if (o.max_memory) {
+    o.device_map_strategy = "auto";
+  }
+  if (log_level() >= LogLevel::Debug) o.log = &std::cerr;
+  log(LogLevel::Info, "loading " + dir);
+  Progress p("loading", 1);
+  auto model = from_pretrained(dir, o);
+  p.step();
+  return model;
+}
+
+// --- parallel ----------------------------------------------------------------------
+std::vector<Flag> parallel_flags() {
+  return {{"--tp", "N", "tensor-parallel ranks (default 1)"},
+          {"--pp", "N", "pipeline-parallel ranks (default 1)"},
+          {"--dp", "N", "data-parallel ranks (default 1)"}};
+}
+
+void check_parallel(const Args& args) {
+  int64_t product = 1;
+  for (const char* f : {"--tp", "--pp", "--dp"}) {
+    const int64_t v = args.get_int(f).value_or(1);
+    if (v < 1) throw UsageError(std::string("option ") + f + " must be at least 1, got " + std::to_string(v));
+    product *= v;
+  }
+  if (product > 1)
+    throw UnsupportedError("--tp/--pp/--dp with more than one rank (tp*pp*dp = " + std::to_string(product) +
+                           ") is not supported by this build of the flexmodel tool yet; run with tp=pp=dp=1");
+}
+
+std::vector<std::string> all_hook_names(CausalLM& model) {
+  std::vector<std::string> names;
+  for (const auto& nm : model.named_flex_modules())
+    if (!nm.first.empty() && !is_hook_point_name(nm.first)) names.push_back(nm.first);
+  return names;
+}
+
+}  // namespace flex::cli

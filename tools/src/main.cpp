@@ -1,0 +1,67 @@
+// flexmodel: the command line for the common jobs (inspect, capture,
+// generate, convert). Errors are one line on stderr, "flexmodel: error: ...",
+// with exit code 2 for command-line mistakes and 1 for everything else.
+#include "cli.h"
+
+#include <flex/hooks/errors.h>
+
+#include <c10/util/Exception.h>
+
+#include <iostream>
+#include <string>
+
+namespace {
+
+const char* kUsage =
+    "usage: flexmodel COMMAND MODEL_DIR [options]\n"
+    "\n"
+    "commands:\n"
+    "  inspect    architecture, module sizes, tied parameters, the device map for a budget\n"
+    "  capture    hooked forward pass; activations to a safetensors file\n"
+    "  generate   text generation with steering, ablation and patching edits\n"
+    "  convert    re-shard, change dtype, or write an Accelerate offload folder\n"
+    "\n"
+    "flexmodel COMMAND --help shows a command's options. Log level: --log-level or\n"
+    "$FLEXMODEL_LOG (error, warn, info, debug).\n";
+
+/// One line: messages from deeper layers may span lines.
+std::string one_line(std::string s) {
+  for (auto& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+int fail(int code, const std::string& message) {
+  std::cerr << "flexmodel: error: " << one_line(message) << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (cmd == "inspect") return flex::cli::run_inspect(args);
+    if (cmd == "capture") return flex::cli::run_capture(args);
+    if (cmd == "generate") return flex::cli::run_generate(args);
+    if (cmd == "convert") return flex::cli::run_convert(args);
+    return fail(2, "unknown command '" + cmd + "' (use inspect, capture, generate or convert; flexmodel --help)");
+  } catch (const flex::cli::UsageError& e) {
+    return fail(2, e.what());
+  } catch (const c10::Error& e) {
+    return fail(1, e.what_without_backtrace());  // libtorch's own checks (shape, dtype)
+  } catch (const std::exception& e) {
+    // flex::Error and the rest (libtorch's c10::Error included).
+    return fail(1, e.what());
+  }
+}
