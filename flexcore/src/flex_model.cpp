@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace flex {
@@ -76,7 +77,33 @@ Value FlexModel::forward(Inputs inputs, const std::vector<std::string>& groups, 
     for (const auto& g : groups) in = in || e->groups.count(g);
     e->enabled = complement ? !in : in;
   }
-  Value out = (*module_)(std::move(inputs));
+  Value out;
+  if (parallel_) {
+    // Every rank must run the same hooks, or the collectives inside them would
+    // pair up wrongly (or hang): compare before running anything.
+    std::vector<std::string> enabled;
+    for (const auto& e : entries_)
+      if (e->enabled) enabled.push_back(std::string(hook_type_name(e->hook->type())) + ":" + e->hook->module_name());
+    std::sort(enabled.begin(), enabled.end());
+    parallel_->check_consistent(enabled);
+  }
+  if (parallel_ && parallel_->forwards_captures()) {
+    // A later pipeline stage: hold captures back and send them to rank 0.
+    auto pending = std::make_shared<PendingCaptures>();
+    std::shared_ptr<ActivationSink> real = sink_;
+    sink_ = pending;
+    try {
+      out = (*module_)(std::move(inputs));
+    } catch (...) {
+      sink_ = real;
+      throw;
+    }
+    sink_ = real;
+    parallel_->forward_captures(*pending, *sink_);
+  } else {
+    out = (*module_)(std::move(inputs));
+    if (parallel_) parallel_->forward_captures(PendingCaptures(), *sink_);
+  }
   sink_->end_forward(forward_count_);
   ++forward_count_;
   return out;

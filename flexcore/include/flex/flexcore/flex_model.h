@@ -15,6 +15,7 @@
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/flexcore/hook_function.h>
+#include <flex/flexcore/parallel_router.h>
 
 #include <memory>
 #include <regex>
@@ -94,7 +95,18 @@ class FlexModel {
   /// Sends captures to `sink` instead of the output map (null restores the map).
   void set_sink(std::shared_ptr<ActivationSink> sink);
   /// Installs the parallel router (null: single process).
-  void set_router(std::shared_ptr<ActivationRouter> router) { router_ = std::move(router); }
+  void set_router(std::shared_ptr<ActivationRouter> router) {
+    router_ = std::move(router);
+    parallel_ = std::dynamic_pointer_cast<ParallelRouter>(router_);
+  }
+  /// Runs over `mesh` (every mesh rank wraps the same model and calls the same
+  /// methods): installs a ParallelRouter using `layout` (the model's declared
+  /// sharding, e.g. ParallelCausalLM::layout()). Each forward then checks that
+  /// every rank enabled the same hooks (ConfigError naming the ranks otherwise)
+  /// and, under pipeline parallelism, brings the later stages' captures to rank 0.
+  void set_mesh(const DeviceMesh& mesh, std::shared_ptr<const ActivationLayout> layout = nullptr) {
+    set_router(std::make_shared<ParallelRouter>(mesh, std::move(layout)));
+  }
   int64_t forward_count() const { return forward_count_; }
 
   /// Removes every hook this FlexModel added and returns the module, whose
@@ -120,6 +132,7 @@ class FlexModel {
   std::shared_ptr<OutputMap> output_;
   std::shared_ptr<ActivationSink> sink_;
   std::shared_ptr<ActivationRouter> router_;
+  std::shared_ptr<ParallelRouter> parallel_;  // router_ when it is a ParallelRouter
   SaveContext save_ctx_;
   TrainableModules trainable_;
   std::vector<std::shared_ptr<Entry>> entries_;
