@@ -1,0 +1,331 @@
+// The flexmodel command line, run as a separate process: captures on every
+// fixture model reproduce the golden activations (in memory, and with
+// blocks offloaded to disk), `inspect --json` reproduces Accelerate's device
+// maps for the fixture budgets, and each error path gives one line on stderr
+// and the documented exit code.
+#include "../models/golden_util.h"
+#include "cli_util.h"
+
+#include <flex/dispatch/device_map.h>
+#include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/streaming_sink.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+using cli_test::run;
+using nlohmann::json;
+
+namespace {
+
+const std::string kInputs = flex_test::fixture("golden/inputs.safetensors");
+
+std::string name_of(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (auto& c : s)
+    if (c == '-') c = '_';
+  return s;
+}
+
+/// Every golden module output (HF names; "" and the extra "#out" elements
+/// excepted) is in `out` within the fixture tolerances, and `out` holds no
+/// module the golden forward did not call.
+void expect_matches_golden(const std::string& out_path, const std::string& golden) {
+  auto out = flex::SafetensorsFile::open(out_path);
+  auto ref = models_test::golden_tensors(golden);
+  size_t compared = 0;
+  for (const auto& n : ref->names()) {
+    if (n.empty() || n.find('#') != std::string::npos) continue;
+    ASSERT_TRUE(out->contains(n)) << golden << ": capture lacks " << n;
+    EXPECT_EQ(out->info(n).dtype, n == "input_ids" ? at::kLong : at::kFloat) << n;
+    EXPECT_TRUE(models_test::close(out->get(n), ref->get(n), golden + " " + n));
+    ++compared;
+  }
+  for (const auto& n : out->names()) EXPECT_TRUE(ref->contains(n)) << golden << ": unexpected capture " << n;
+  EXPECT_GT(compared, 15u);
+}
+
+class CliCapture : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(CliCapture, HookAllReproducesGolden) {
+  flex_test::TempDir tmp;
+  auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", "all", "--out",
+                tmp.str("cap.safetensors")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.empty()) << "stdout is for results only: " << r.out;
+  expect_matches_golden(tmp.str("cap.safetensors"), GetParam());
+}
+
+TEST_P(CliCapture, BlocksOnDiskWithOffloadFolderReproduceGolden) {
+  flex_test::TempDir tmp;
+  // Budget: about half the model on CPU, the rest to disk (auto map).
+  const json dm = models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json"));
+  const double total = dm["compute_module_sizes"]["sizes"][0][1].get<double>();
+  auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", "all", "--out",
+                tmp.str("cap.safetensors"), "--device-map", "auto", "--max-memory",
+                "cpu=" + std::to_string(static_cast<int64_t>(0.5 * total)), "--offload-folder", tmp.str("offload")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_matches_golden(tmp.str("cap.safetensors"), GetParam());
+}
+
+TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
+  flex_test::TempDir tmp;
+  const std::string hook = GetParam() == "gpt2" ? "transformer.h.1.mlp" : GetParam() == "gpt-neox" ? "gpt_neox.layers.1.mlp"
+                                                                                                      : "model.layers.1.mlp";
+  auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", hook, "--out",
+                tmp.str("cap.safetensors"), "--batch-size", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto out = flex::SafetensorsFile::open(tmp.str("cap.safetensors"));
+  auto ref = models_test::golden_tensors(GetParam());
+  EXPECT_EQ(out->names().size(), 3u);
+  EXPECT_TRUE(models_test::close(out->get(hook), ref->get(hook), hook));
+  EXPECT_TRUE(models_test::close(out->get("logits"), ref->get("logits"), "logits"));
+  EXPECT_TRUE(at::equal(out->get("input_ids"), ref->get("input_ids")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliCapture, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied"), name_of);
+
+TEST(CliCapture, ExplicitDiskMapFileAndStreamDir) {
+  // Transformers' own CPU + disk map for GPT-2 (fixture), given as a file, and
+  // the streaming sink: the shards hold the same activations.
+  flex_test::TempDir tmp;
+  const json e2e = models_test::read_json(flex_test::fixture("device_maps/gpt2.json"))["transformers_from_pretrained_end_to_end"];
+  { std::ofstream(tmp.str("map.json")) << e2e["hf_device_map"].dump(); }
+  auto r = run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "transformer.h.0",
+                "--hook", "transformer.h.1.attn.attn_dropout", "--out", tmp.str("cap.safetensors"), "--device-map",
+                tmp.str("map.json"), "--offload-folder", tmp.str("off"), "--stream-dir", tmp.str("stream"), "--batch-size",
+                "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto ref = models_test::golden_tensors("gpt2");
+  flex::CaptureReader reader(tmp.str("stream"));
+  EXPECT_EQ(reader.num_forwards(), 2);
+  for (const std::string k : {"transformer.h.0", "transformer.h.1.attn.attn_dropout", "logits"})
+    EXPECT_TRUE(models_test::close(at::cat(reader.all(k), 0), ref->get(k), k));
+  auto out = flex::SafetensorsFile::open(tmp.str("cap.safetensors"));
+  EXPECT_TRUE(models_test::close(out->get("logits"), ref->get("logits"), "logits"));
+  EXPECT_TRUE(at::equal(out->get("input_ids"), ref->get("input_ids")));
+}
+
+TEST(CliCapture, DtypeBf16StoresBf16) {
+  flex_test::TempDir tmp;
+  auto r = run({"capture", flex_test::fixture("models/llama"), "--input-ids", kInputs, "--hook", "model.norm", "--out",
+                tmp.str("cap.safetensors"), "--dtype", "bf16"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto out = flex::SafetensorsFile::open(tmp.str("cap.safetensors"));
+  EXPECT_EQ(out->info("model.norm").dtype_name, "BF16");
+  EXPECT_EQ(out->info("logits").dtype_name, "BF16");
+  // bf16 compute: loose agreement with the f32 golden.
+  auto ref = models_test::golden_tensors("llama");
+  EXPECT_TRUE(models_test::close(out->get("model.norm").to(at::kFloat), ref->get("model.norm"), "norm", 0.1, 0.05));
+}
+
+// --- inspect -------------------------------------------------------------------------
+
+namespace {
+class CliInspect : public ::testing::TestWithParam<std::string> {};
+
+std::string budget_arg(const json& mm) {
+  std::string s;
+  for (auto it = mm.begin(); it != mm.end(); ++it) {
+    s += (s.empty() ? "" : ",") + it.key() + "=";
+    s += it.value().is_string() ? it.value().get<std::string>() : std::to_string(it.value().get<int64_t>());
+  }
+  return s;
+}
+
+flex::DeviceMap map_from_pairs(const json& pairs) {
+  flex::DeviceMap m;
+  for (const auto& p : pairs)
+    m.set(p[0].get<std::string>(), p[1].is_number_integer() ? flex::MapDevice(p[1].get<int>()) : flex::MapDevice(p[1].get<std::string>()));
+  return m;
+}
+}  // namespace
+
+TEST_P(CliInspect, JsonReproducesFixtureDeviceMapsAndSizes) {
+  const json fx = models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json"));
+  const std::vector<std::string> block = fx["model._no_split_modules"];
+  int checked = 0;
+  bool sizes_checked = false;
+  for (const auto& sc : fx["scenarios"]) {
+    const json kw = sc["kwargs"];
+    if (sc["device_map"].is_string()) continue;  // upstream raised
+    bool simple = true, integral = true;
+    for (auto it = kw.begin(); it != kw.end(); ++it)
+      simple = simple && (it.key() == "no_split_module_classes" || it.key() == "dtype");
+    for (auto it = sc["max_memory"].begin(); it != sc["max_memory"].end(); ++it)
+      integral = integral && (it.value().is_string() || it.value().is_number_integer());
+    if (!simple || !integral) continue;
+    std::vector<std::string> args = {"inspect", flex_test::fixture("models/" + GetParam()), "--json", "--max-memory",
+                                     budget_arg(sc["max_memory"])};
+    if (!kw.contains("no_split_module_classes")) args.insert(args.end(), {"--no-split", "none"});
+    else if (kw["no_split_module_classes"].get<std::vector<std::string>>() != block) continue;
+    if (kw.contains("dtype")) args.insert(args.end(), {"--dtype", kw["dtype"].get<std::string>()});
+    auto r = run(args);
+    ASSERT_EQ(r.code, 0) << sc["tag"] << ": " << r.err;
+    ASSERT_EQ(cli_test::count_lines(r.out), 1) << "one JSON object: " << r.out;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(flex::DeviceMap::from_json(j["device_map"].dump()), map_from_pairs(sc["device_map"])) << sc["tag"];
+    if (!sizes_checked && !kw.contains("dtype")) {
+      const json cfg = models_test::read_json(flex_test::fixture("models/" + GetParam() + "/config.json"));
+      EXPECT_EQ(j["architecture"], cfg["architectures"][0]);
+      // Independent count: every tensor of the checkpoint (tied ones are stored once; no buffers stored).
+      auto ck = flex::SafetensorsFile::open(flex_test::fixture("models/" + GetParam() + "/model.safetensors"));
+      int64_t numel = 0;
+      for (const auto& n : ck->names()) {
+        int64_t k = 1;
+        for (auto d : ck->info(n).shape) k *= d;
+        numel += k;
+      }
+      EXPECT_EQ(j["num_parameters"].get<int64_t>(), numel);
+      EXPECT_EQ(j["tied_parameters"], fx["tied_parameters"]);
+      std::map<std::string, double> golden;
+      for (const auto& p : fx["compute_module_sizes"]["sizes"]) golden[p[0]] = p[1].get<double>();
+      for (auto it = j["module_sizes"].begin(); it != j["module_sizes"].end(); ++it)
+        EXPECT_EQ(it.value().get<double>(), golden.count(it.key()) ? golden[it.key()] : 0.0) << it.key();
+      for (const auto& [k, v] : golden)
+        if (v != 0) {
+          EXPECT_TRUE(j["module_sizes"].contains(k)) << k;
+        }
+      sizes_checked = true;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 20) << "scenarios compared";
+  EXPECT_TRUE(sizes_checked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliInspect, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied"), name_of);
+
+TEST(CliInspect, HumanReadableAndArchitecture) {
+  auto r = run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "cpu=1GiB", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "GPT2LMHeadModel");
+  // 2 blocks of 4*64*64+4*64 (attn) + 2*64*256+256+64 (mlp) + 4*64 (2 LN), wte 256*64, wpe 64*64, ln_f 2*64.
+  const int64_t block = (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64) + 4 * 64;
+  EXPECT_EQ(j["num_parameters"].get<int64_t>(), 2 * block + 256 * 64 + 64 * 64 + 2 * 64);
+  EXPECT_EQ(j["device_map"], json::parse(R"({"":"cpu"})"));
+  auto h = run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "0=200KB,cpu=1GiB"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_NE(h.out.find("GPT2LMHeadModel"), std::string::npos);
+  EXPECT_NE(h.out.find("lm_head.weight transformer.wte.weight"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("device map:"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("GPT2Block"), std::string::npos) << h.out;
+}
+
+// --- errors --------------------------------------------------------------------------
+
+namespace {
+void expect_error(const cli_test::Result& r, int code, const std::vector<std::string>& fragments) {
+  EXPECT_EQ(r.code, code) << r.err;
+  EXPECT_EQ(cli_test::count_lines(r.err), 1) << "one line: " << r.err;
+  EXPECT_EQ(r.err.rfind("flexmodel: error: ", 0), 0u) << r.err;
+  for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "'" << f << "' not in: " << r.err;
+}
+}  // namespace
+
+TEST(CliErrors, MissingModelDir) {
+  flex_test::TempDir tmp;
+  expect_error(run({"capture", tmp.str("nope"), "--input-ids", kInputs, "--hook", "all", "--out", tmp.str("o.safetensors")}),
+               1, {tmp.str("nope"), "does not exist"});
+  expect_error(run({"inspect", tmp.str()}), 1, {"no config.json"});
+}
+
+TEST(CliErrors, UnknownHookNameSuggestsCloseNames) {
+  flex_test::TempDir tmp;
+  auto r = run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "transformer.h.0.mlpp",
+                "--out", tmp.str("o.safetensors")});
+  expect_error(r, 1, {"transformer.h.0.mlpp", "transformer.h.0.mlp"});
+  EXPECT_FALSE(std::filesystem::exists(tmp.str("o.safetensors")));
+}
+
+TEST(CliErrors, BadDeviceMapFile) {
+  flex_test::TempDir tmp;
+  { std::ofstream(tmp.str("bad.json")) << "{\"transformer\": \"gpu7\""; }
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    tmp.str("o.safetensors"), "--device-map", tmp.str("bad.json")}),
+               1, {"bad.json"});
+  { std::ofstream(tmp.str("dev.json")) << R"({"transformer": "gpu7", "lm_head": "cpu"})"; }
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    tmp.str("o.safetensors"), "--device-map", tmp.str("dev.json")}),
+               1, {"dev.json", "gpu7"});
+  // A map that leaves parameters without a device.
+  { std::ofstream(tmp.str("partial.json")) << R"({"lm_head": "cpu"})"; }
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    tmp.str("o.safetensors"), "--device-map", tmp.str("partial.json")}),
+               1, {"transformer"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    tmp.str("o.safetensors"), "--device-map", tmp.str("missing.json")}),
+               1, {"missing.json"});
+}
+
+TEST(CliErrors, UnwritableOutput) {
+  flex_test::TempDir tmp;
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    tmp.str("no/such/dir/o.safetensors")}),
+               1, {"no/such/dir", "does not exist"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out", tmp.str()}),
+               1, {"is a directory"});
+}
+
+TEST(CliErrors, BadSizeString) {
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "cpu=12XB"}), 2, {"12XB", "--max-memory"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "cpu"}), 2, {"DEVICE=SIZE"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "mps=1GB"}), 2, {"mps"});
+  flex_test::TempDir tmp;
+  expect_error(run({"convert", flex_test::fixture("models/gpt2"), "--out", tmp.str("c"), "--max-shard-size", "-5MB"}), 2,
+               {"-5MB"});
+}
+
+TEST(CliErrors, BadFlags) {
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--bogus"}), 2, {"--bogus"});
+  expect_error(run({"frobnicate"}), 2, {"frobnicate"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--hook", "all", "--out", "x.safetensors"}), 2,
+               {"--input-ids"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--out", "x.safetensors"}), 2,
+               {"--hook"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all"}), 2, {"--out"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--dtype", "f8"}), 2, {"f8"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--log-level", "loud"}), 2, {"loud"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2")}, "FLEXMODEL_LOG=chatty"), 2, {"FLEXMODEL_LOG", "chatty"});
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--tp", "0"}), 2, {"--tp"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    "x.safetensors", "--batch-size", "two"}),
+               2, {"--batch-size", "two"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                    "x.safetensors", "--device-map", "everywhere"}),
+               2, {"everywhere"});
+}
+
+TEST(CliErrors, ParallelRanksRejectedClearly) {
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--tp", "2"}), 1, {"tp*pp*dp = 2"});
+}
+
+TEST(CliErrors, PromptWithoutTokenizer) {
+  flex_test::TempDir tmp;
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--prompt", "hello", "--hook", "all", "--out",
+                    tmp.str("o.safetensors")}),
+               1, {"has no tokenizer", "--input-ids"});
+}
+
+TEST(CliErrors, InputFileWithoutInputIds) {
+  flex_test::TempDir tmp;
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--input-ids",
+                    flex_test::fixture("models/gpt2/model.safetensors"), "--hook", "all", "--out", tmp.str("o.safetensors")}),
+               1, {"input_ids", "model.safetensors"});
+}
+
+TEST(CliHelp, EveryCommandHasHelp) {
+  for (const std::string c : {"inspect", "capture", "generate", "convert"}) {
+    auto r = run({c, "--help"});
+    EXPECT_EQ(r.code, 0) << c;
+    EXPECT_NE(r.out.find("usage: flexmodel " + c), std::string::npos) << r.out;
+  }
+  auto r = run({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("capture"), std::string::npos);
+}
