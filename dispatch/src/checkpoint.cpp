@@ -101,7 +101,7 @@ std::vector<std::pair<std::string, std::string>> read_index(const std::string& p
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw FileFormatError("index " + path + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw FileFormatError("index " + path + " is not a JSON object");

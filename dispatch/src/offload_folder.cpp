@@ -59,7 +59,7 @@ OffloadIndex OffloadIndex::parse(const std::string& text, const std::string& pat
   ojson j;
   try {
     j = ojson::parse(text);
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw FileFormatError("offload index " + path + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw FileFormatError("offload index " + path + " is not a JSON object");

@@ -122,7 +122,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
       }
       return true;
     });
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     bad(path, std::string("header is not valid JSON: ") + e.what());
   }
   if (!duplicate.empty()) bad(path, "duplicate tensor name '" + duplicate + "' in the header");
