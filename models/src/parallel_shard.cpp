@@ -1,0 +1,154 @@
+// Tensor-parallel slicing of one decoder block: the zoo's attention is
+// rebuilt for this rank's heads, the projections become Linear/Conv1D
+// modules of this rank's slice, and every slice is declared in the layout.
+#include <flex/hooks/empty_init.h>
+#include <flex/hooks/errors.h>
+#include <flex/hooks/model_hook.h>
+#include <flex/models/gpt2.h>
+#include <flex/models/gpt_neox.h>
+#include <flex/models/llama.h>
+#include <flex/models/parallel_lm.h>
+
+#include <ATen/ATen.h>
+
+namespace flex {
+
+namespace {
+
+// Sums a row-parallel projection's partial outputs over the tp group. A
+// ModelHook's post_forward runs after the module's forward hooks, so
+// FlexModel hooks see (and may edit) the partial sum, as declared.
+class AllReduceHook : public ModelHook {
+ public:
+  explicit AllReduceHook(std::shared_ptr<Communicator> tp) : tp_(std::move(tp)) {}
+  Value post_forward(Module& module, Value output) override {
+    if (!output.isTensor())
+      throw ConfigError("row-parallel " + module.class_name() + " returned a non-tensor " + output.tagKind());
+    at::Tensor t = output.toTensor();
+    at::Tensor sum = t.detach().contiguous().clone();
+    tp_->all_reduce(sum, ReduceOp::Sum);
+    // Keep the autograd path through this rank's contribution.
+    return t.requires_grad() ? Value(t + (sum - t.detach())) : Value(sum);
+  }
+  std::string name() const override { return "AllReduceHook"; }
+
+ private:
+  std::shared_ptr<Communicator> tp_;
+};
+
+ModuleSharding column(ShardSpec out, ShardSpec weight, ShardSpec bias) {
+  ModuleSharding s;
+  s.input = ShardSpec::replicated();
+  s.output = std::move(out);
+  s.params["weight"] = std::move(weight);
+  s.params["bias"] = std::move(bias);
+  return s;
+}
+
+// Row-parallel: the output is a partial sum; rank 0 holds the bias, the others zeros.
+ModuleSharding row(ShardSpec weight, int64_t unit) {
+  ModuleSharding s;
+  s.input = ShardSpec::split(-1, unit);
+  s.output = ShardSpec::partial_sum();
+  s.params["weight"] = std::move(weight);
+  s.params["bias"] = ShardSpec::partial_sum();
+  return s;
+}
+
+ModuleSharding output_only(ShardSpec out) {
+  ModuleSharding s;
+  s.output = std::move(out);
+  return s;
+}
+
+template <typename T>
+std::shared_ptr<T> cast_block(const std::shared_ptr<Module>& m, int64_t i) {
+  auto b = std::dynamic_pointer_cast<T>(m);
+  if (!b) throw ConfigError("block " + std::to_string(i) + " is a " + m->class_name() + ", not the expected class");
+  return b;
+}
+
+}  // namespace
+
+void ParallelCausalLM::row_parallel(Module& m) {
+  if (mesh_.tp_size() > 1) add_hook_to_module(m, std::make_shared<AllReduceHook>(mesh_.tp_group()), false);
+}
+
+void ParallelCausalLM::shard_block(int64_t i) {
+  const ModelConfig& cfg = config();
+  const int tp = mesh_.tp_size();
+  const int64_t c = cfg.hidden_size, d = cfg.head_dim;
+  const int64_t hl = cfg.num_attention_heads / tp, kvl = cfg.num_key_value_heads / tp;
+  const int64_t il = piece_range(cfg.intermediate_size, 1, mesh_.tp_rank(), tp).length;
+  ModelConfig lc = cfg;  // this rank's heads
+  lc.num_attention_heads = hl;
+  lc.num_key_value_heads = kvl;
+  const auto topts = at::TensorOptions().dtype(dtype_);
+  const auto split = [](int64_t dim, int64_t unit = 1) { return ShardSpec::split(dim, unit); };
+  EmptyInit scope;  // parameters stay on meta until load_slices
+
+  if (cfg.model_type == "gpt2") {
+    auto block = cast_block<GPT2Block>(blocks_[i], i);
+    lc.hidden_size = hl * d;  // GPT2Attention splits and reshapes by hidden_size
+    auto attn = std::make_shared<GPT2Attention>(lc, i, topts);
+    attn->c_attn = attn->replace_module("c_attn", std::make_shared<Conv1D>(3 * hl * d, c, topts));
+    attn->c_proj = attn->replace_module("c_proj", std::make_shared<Conv1D>(c, hl * d, topts));
+    block->attn = block->replace_module("attn", attn);
+    const std::vector<int64_t> qkv{c, c, c};
+    declare(*attn->c_attn, column(ShardSpec::fused(-1, qkv, d), ShardSpec::fused(1, qkv, d), ShardSpec::fused(0, qkv, d)));
+    declare(*attn->c_proj, row(split(0, d), d));
+    row_parallel(*attn->c_proj);
+    declare(*attn->attn_dropout, output_only(split(1)));
+    declare(*attn->hook_attn_probs, output_only(split(1)));
+    declare(*attn->hook_head_out, output_only(split(2)));
+    auto& mlp = *block->mlp;
+    mlp.c_fc = mlp.replace_module("c_fc", std::make_shared<Conv1D>(il, c, topts));
+    mlp.c_proj = mlp.replace_module("c_proj", std::make_shared<Conv1D>(c, il, topts));
+    declare(*mlp.c_fc, column(split(-1), split(1), split(0)));
+    declare(*mlp.act, output_only(split(-1)));
+    declare(*mlp.c_proj, row(split(0), 1));
+    row_parallel(*mlp.c_proj);
+  } else if (cfg.model_type == "llama") {
+    auto block = cast_block<LlamaDecoderLayer>(blocks_[i], i);
+    auto attn = std::make_shared<LlamaAttention>(lc, i, topts);  // q/k/v/o already this rank's shapes
+    block->self_attn = block->replace_module("self_attn", attn);
+    for (auto* p : {&attn->q_proj, &attn->k_proj, &attn->v_proj})
+      declare(**p, column(split(-1, d), split(0, d), split(0, d)));
+    declare(*attn->o_proj, row(split(1, d), d));
+    row_parallel(*attn->o_proj);
+    declare(*attn->hook_attn_probs, output_only(split(1)));
+    declare(*attn->hook_head_out, output_only(split(2)));
+    auto& mlp = *block->mlp;
+    mlp.gate_proj = mlp.replace_module("gate_proj", std::make_shared<Linear>(c, il, cfg.mlp_bias, topts));
+    mlp.up_proj = mlp.replace_module("up_proj", std::make_shared<Linear>(c, il, cfg.mlp_bias, topts));
+    mlp.down_proj = mlp.replace_module("down_proj", std::make_shared<Linear>(il, c, cfg.mlp_bias, topts));
+    declare(*mlp.gate_proj, column(split(-1), split(0), split(0)));
+    declare(*mlp.up_proj, column(split(-1), split(0), split(0)));
+    declare(*mlp.act_fn, output_only(split(-1)));
+    declare(*mlp.down_proj, row(split(1), 1));
+    row_parallel(*mlp.down_proj);
+  } else if (cfg.model_type == "gpt_neox") {
+    auto block = cast_block<GPTNeoXLayer>(blocks_[i], i);
+    auto attn = std::make_shared<GPTNeoXAttention>(lc, i, topts);
+    // Each head's [q k v] triple stays whole on one rank.
+    attn->query_key_value = attn->replace_module(
+        "query_key_value", std::make_shared<Linear>(c, 3 * hl * d, cfg.attention_bias, topts));
+    attn->dense = attn->replace_module("dense", std::make_shared<Linear>(hl * d, c, cfg.attention_bias, topts));
+    block->attention = block->replace_module("attention", attn);
+    declare(*attn->query_key_value,
+            column(ShardSpec::interleaved_heads(-1, 3 * d), split(0, 3 * d), split(0, 3 * d)));
+    declare(*attn->dense, row(split(1, d), d));
+    row_parallel(*attn->dense);
+    declare(*attn->hook_attn_probs, output_only(split(1)));
+    declare(*attn->hook_head_out, output_only(split(2)));
+    auto& mlp = *block->mlp;
+    mlp.dense_h_to_4h = mlp.replace_module("dense_h_to_4h", std::make_shared<Linear>(c, il, true, topts));
+    mlp.dense_4h_to_h = mlp.replace_module("dense_4h_to_h", std::make_shared<Linear>(il, c, true, topts));
+    declare(*mlp.dense_h_to_4h, column(split(-1), split(0), split(0)));
+    declare(*mlp.act, output_only(split(-1)));
+    declare(*mlp.dense_4h_to_h, row(split(1), 1));
+    row_parallel(*mlp.dense_4h_to_h);
+  }
+}
+
+}  // namespace flex

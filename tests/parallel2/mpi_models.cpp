@@ -1,0 +1,230 @@
+// Run under mpirun with FLEX_MESH="tp,pp,dp" (tp*pp*dp = world size): for
+// GPT-2, Llama and GPT-NeoX built in parallel from the fixture checkpoints,
+// rank 0's logits and captures equal the single-process golden results
+// (made by Transformers), edits give the single-process edited logits, and
+// get_module_parameter returns whole parameters (compared with the
+// checkpoint). Hooks registered differently on one rank are reported.
+#include <flex/dispatch/checkpoint.h>
+#include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/flex_model.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/auto_model.h>
+#include <flex/models/parallel_lm.h>
+#include <flex/parallel/communicator.h>
+#include <flex/parallel/device_mesh.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace {
+
+flex::MeshShape mesh_shape() {
+  const char* env = std::getenv("FLEX_MESH");
+  flex::MeshShape s;
+  if (env && std::sscanf(env, "%d,%d,%d", &s.tp, &s.pp, &s.dp) == 3) return s;
+  s.tp = flex::make_world_communicator()->size();
+  return s;
+}
+
+const flex::DeviceMesh& mesh() {
+  static flex::DeviceMesh m = [] {
+    auto s = mesh_shape();
+    return flex::DeviceMesh(flex::make_world_communicator(), s.tp, s.pp, s.dp);
+  }();
+  return m;
+}
+
+bool rank0() { return mesh().rank() == 0; }
+
+std::shared_ptr<flex::SafetensorsFile> golden(const std::string& model) {
+  return flex::SafetensorsFile::open(flex_test::fixture("golden/" + model + ".safetensors"));
+}
+
+at::Tensor inputs() {
+  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
+}
+
+// Modules in Transformers' execution order (golden json), minus the root and
+// the base model, which the parallel forward does not call as a whole.
+std::vector<std::string> hooked_modules(const std::string& model, const std::string& base) {
+  std::ifstream in(flex_test::fixture("golden/" + model + ".json"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto j = nlohmann::json::parse(ss.str());
+  std::vector<std::string> out;
+  for (const auto& m : j["modules_in_execution_order"]) {
+    const std::string name = m["name"];
+    if (!name.empty() && name != base) out.push_back(name);
+  }
+  return out;
+}
+
+::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& e, const std::string& what,
+                                 double atol = 1e-5) {
+  if (!a.defined()) return ::testing::AssertionFailure() << what << ": no tensor";
+  if (a.sizes() != e.sizes()) {
+    std::ostringstream o;
+    o << what << ": shape " << a.sizes() << " vs expected " << e.sizes();
+    return ::testing::AssertionFailure() << o.str();
+  }
+  const double diff = (a.to(at::kDouble) - e.to(at::kDouble)).abs().max().item<double>();
+  if (diff <= atol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max |diff| " << diff << " > " << atol;
+}
+
+struct Arch {
+  std::string fixture, base, attn, mlp, qkv, embed, head, act, row;
+};
+
+const std::vector<Arch>& archs() {
+  static const std::vector<Arch> a{
+      {"gpt2", "transformer", "transformer.h.1.attn", "transformer.h.0.mlp", "transformer.h.0.attn.c_attn",
+       "transformer.wte", "lm_head", "transformer.h.1.mlp.act", "transformer.h.1.attn.c_proj"},
+      {"llama", "model", "model.layers.1.self_attn", "model.layers.0.mlp", "model.layers.0.self_attn.k_proj",
+       "model.embed_tokens", "lm_head", "model.layers.1.mlp.act_fn", "model.layers.1.mlp.down_proj"},
+      {"gpt-neox", "gpt_neox", "gpt_neox.layers.1.attention", "gpt_neox.layers.0.mlp",
+       "gpt_neox.layers.0.attention.query_key_value", "gpt_neox.embed_in", "embed_out", "gpt_neox.layers.1.mlp.act",
+       "gpt_neox.layers.1.attention.dense"},
+  };
+  return a;
+}
+
+std::shared_ptr<flex::ParallelCausalLM> load(const Arch& a) {
+  return flex::load_parallel_pretrained(flex_test::fixture("models/" + a.fixture), mesh());
+}
+
+class ParallelModels : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(ParallelModels, LogitsAndEveryCaptureMatchGolden) {
+  const Arch& a = archs()[GetParam()];
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  const auto names = hooked_modules(a.fixture, a.base);
+  for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+  at::Tensor logits = fm.forward(inputs());
+  if (!rank0()) {
+    EXPECT_TRUE(fm.output().empty()) << "only rank 0 keeps captures";
+    return;
+  }
+  auto g = golden(a.fixture);
+  EXPECT_TRUE(close(logits, g->get("logits"), a.fixture + " logits"));
+  for (const auto& n : names) {
+    auto it = fm.output().find(n);
+    ASSERT_TRUE(it != fm.output().end()) << a.fixture << ": no capture of " << n;
+    ASSERT_EQ(it->second.size(), 1u) << n;
+    EXPECT_TRUE(close(it->second[0], g->get(n), a.fixture + " " + n));
+  }
+  EXPECT_EQ(fm.output().size(), names.size());
+}
+
+// Position-dependent edits, so a piece put back in the wrong place shows.
+flex::EditFn ramp_edit(double scale) {
+  return [scale](flex::Module&, const at::Tensor& x, flex::SaveContext&, flex::TrainableModules&) {
+    at::Tensor ramp = at::arange(x.numel(), x.options()).view(x.sizes()) / static_cast<double>(x.numel());
+    return x * (1.0 + scale * ramp) + scale * ramp;
+  };
+}
+
+void add_edits(flex::FlexModel& fm, const Arch& a) {
+  for (const auto& n : {a.qkv, a.act, a.row, a.embed, a.attn, a.mlp}) {
+    flex::HookFunctionOptions o;
+    o.editing_function = ramp_edit(0.25);
+    fm.register_forward_hook(std::make_shared<flex::HookFunction>(n, o));
+  }
+}
+
+TEST_P(ParallelModels, EditsGiveSingleProcessEditedLogits) {
+  const Arch& a = archs()[GetParam()];
+  at::Tensor expected;
+  if (rank0()) {
+    auto whole = flex::load_pretrained(flex_test::fixture("models/" + a.fixture));
+    flex::FlexModel single(whole);
+    add_edits(single, a);
+    expected = single.forward(inputs());
+    // The edits matter: the edited logits are far from the plain ones.
+    ASSERT_GT((expected - golden(a.fixture)->get("logits")).abs().max().item<double>(), 1e-2);
+  }
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  add_edits(fm, a);
+  at::Tensor logits = fm.forward(inputs());
+  if (rank0()) {
+    EXPECT_TRUE(close(logits, expected, a.fixture + " edited logits"));
+  }
+}
+
+TEST_P(ParallelModels, GetModuleParameterIsWhole) {
+  const Arch& a = archs()[GetParam()];
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  auto ckpt = flex::Checkpoint::open(flex_test::fixture("models/" + a.fixture));
+  // Fused/column, row and vocab-split weights, row biases (held by rank 0
+  // only), replicated norms, and the output head.
+  std::vector<std::string> params{a.qkv + ".weight", a.row + ".weight", a.embed + ".weight"};
+  if (a.fixture == "gpt2") {
+    params.push_back("transformer.h.0.attn.c_attn.bias");
+    params.push_back("transformer.h.1.attn.c_proj.bias");
+    params.push_back("transformer.h.1.ln_2.weight");
+  } else if (a.fixture == "gpt-neox") {
+    params.push_back("gpt_neox.layers.0.attention.query_key_value.bias");
+    params.push_back("gpt_neox.layers.1.attention.dense.bias");
+    params.push_back("embed_out.weight");
+  } else {
+    params.push_back("lm_head.weight");
+    params.push_back("model.layers.1.mlp.up_proj.weight");
+  }
+  for (const auto& p : params) {
+    at::Tensor w = fm.get_module_parameter(p);
+    if (rank0()) {
+      EXPECT_TRUE(close(w, ckpt.get(p), a.fixture + " parameter " + p, 0.0));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, ParallelModels, ::testing::Values(0, 1, 2),
+                         [](const auto& info) {
+                           std::string n = archs()[info.param].fixture;
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(ParallelRouter, HooksThatDifferAcrossRanksAreReported) {
+  const Arch& a = archs()[0];
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  fm.register_forward_hook(std::make_shared<flex::HookFunction>(a.mlp));
+  const int odd = mesh().comm()->size() - 1;
+  flex::HookHandle extra;
+  if (mesh().rank() == odd) extra = fm.register_forward_hook(std::make_shared<flex::HookFunction>(a.attn));
+  try {
+    fm.forward(inputs());
+    ADD_FAILURE() << "a forward with different hooks on rank " << odd << " ran";
+  } catch (const flex::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank " + std::to_string(odd) + " differs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(a.attn), std::string::npos) << msg;
+  }
+  // Once the hooks agree again the model runs.
+  if (mesh().rank() == odd) extra.remove();
+  fm.clear();
+  at::Tensor logits = fm.forward(inputs());
+  if (rank0()) {
+    EXPECT_TRUE(close(logits, golden(a.fixture)->get("logits"), "logits after the mismatch"));
+    EXPECT_TRUE(close(fm.output().at(a.mlp).at(0), golden(a.fixture)->get(a.mlp), a.mlp));
+  }
+}
+
+}  // namespace
