@@ -243,8 +243,11 @@ at::Tensor get_module_tensor(Module& root, const std::string& name) {
   } catch (const NotFoundError&) {
     tensor_not_found(root, name);
   }
-  if (const at::Tensor* p = mod->named_parameters(false).find(local)) return *p;
-  if (const at::Tensor* b = mod->named_buffers(false).find(local)) return *b;
+  // Keep the dicts alive: find() points into them (a temporary's pointer dangles).
+  const auto params = mod->named_parameters(false);
+  if (const at::Tensor* p = params.find(local)) return *p;
+  const auto buffers = mod->named_buffers(false);
+  if (const at::Tensor* b = buffers.find(local)) return *b;
   tensor_not_found(root, name);
 }
 
