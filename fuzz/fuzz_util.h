@@ -23,7 +23,8 @@ inline std::string data_path(const std::string& rel) { return std::string(FLEX_F
 /// A scratch directory for this process (on /dev/shm when it exists: the
 /// targets write one file per input).
 inline const std::string& scratch() {
-  static const std::string dir = [] {
+  // Never destroyed: the atexit cleanup below runs after static destructors.
+  static const std::string* dir = [] {
     std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
     auto d = base / ("flex_fuzz_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
@@ -31,9 +32,9 @@ inline const std::string& scratch() {
       std::error_code ec;
       std::filesystem::remove_all(scratch(), ec);
     });
-    return d.string();
+    return new std::string(d.string());
   }();
-  return dir;
+  return *dir;
 }
 
 inline void write_bytes(const std::string& path, const uint8_t* data, size_t size) {

@@ -20,13 +20,25 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-all}
 jobs=${FLEX_JOBS:-$(nproc)}
 
+# clang and its sanitizer/fuzzer runtimes (Debian 12 packages), installed when missing.
+need=()
+for p in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "sanitizers: installing ${need[*]}" >&2
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
 asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
   dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map
   flexcore_flex_model flexcore_streaming_sink models_tokenizer_errors models_tokenizer_gpt2 models_loading
   reliability_bad_inputs reliability_crash_safe_writes reliability_threads"}
 tsan_tests=${FLEX_TSAN_TESTS:-"reliability_threads parallel_local_comm flexcore_streaming_sink"}
 
-common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF -DFLEX_RELIABILITY_CLI=OFF
         "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
 # vptr and function checks need RTTI/type info of every library the objects
 # come from; libtorch is not built for them, so they only give false reports.
