@@ -38,6 +38,46 @@ c10::Device first_param_device(Module& model, c10::Device fallback) {
   return fallback;
 }
 
+// A tied copy absent from the store (lm_head.weight is not in the file) reads
+// its partner: from the store, or (with `in_memory`) the partner's real tensor.
+void add_tied_aliases(Module& model, const std::vector<std::vector<std::string>>& tied,
+                      OffloadedWeightsLoader& loader, StateDictWeights* in_memory) {
+  for (const auto& group : tied)
+    for (const auto& name : group) {
+      if (loader.contains(name)) continue;
+      for (const auto& other : group) {
+        if (other == name) continue;
+        if (loader.contains(other)) {
+          loader.add_alias(name, other);
+          break;
+        }
+        if (!in_memory) continue;
+        at::Tensor t = get_module_tensor(model, other);
+        if (!t.is_meta()) {
+          in_memory->set(name, t);
+          break;
+        }
+      }
+    }
+}
+
+// cpu_offload / disk_offload: an io_same_device hook on the root, then every
+// module offloaded to `weights`, executed on `exec`.
+Module& offload_all(Module& model, const c10::Device& exec, bool offload_buffers,
+                    std::shared_ptr<const WeightsMap> weights, const std::vector<std::string>& preload) {
+  AlignDevicesOptions root;
+  root.io_same_device = true;
+  add_hook_to_module(model, std::make_shared<AlignDevicesHook>(root), /*append=*/true);
+  AttachOptions a;
+  a.execution_device = exec;
+  a.offload = true;
+  a.offload_buffers = offload_buffers;
+  a.weights_map = std::move(weights);
+  a.preload_module_classes = preload;
+  attach_align_device_hook(model, a);
+  return model;
+}
+
 }  // namespace
 
 Module& dispatch_model(Module& model, const DeviceMap& device_map, const DispatchOptions& opt) {
@@ -98,24 +138,7 @@ Module& dispatch_model(Module& model, const DeviceMap& device_map, const Dispatc
     if (weights || save_folder || opt.offload_index) {
       if (!weights) weights = std::make_shared<StateDictWeights>();
       auto loader = std::make_shared<OffloadedWeightsLoader>(weights, save_folder, opt.offload_index);
-      // A tied copy absent from the store (lm_head.weight is not in the file)
-      // reads its partner: from the store, or the partner's tensor in memory.
-      for (const auto& group : tied)
-        for (const auto& name : group) {
-          if (loader->contains(name)) continue;
-          for (const auto& other : group) {
-            if (other == name) continue;
-            if (loader->contains(other)) {
-              loader->add_alias(name, other);
-              break;
-            }
-            at::Tensor t = get_module_tensor(model, other);
-            if (!t.is_meta()) {
-              weights->set(name, t);
-              break;
-            }
-          }
-        }
+      add_tied_aliases(model, tied, *loader, weights.get());
       a.weights_map = loader;
     }
     a.tied_params_map = std::make_shared<TiedParamsMap>();
@@ -155,17 +178,7 @@ Module& cpu_offload(Module& model, std::optional<c10::Device> execution_device, 
       weights->set(kv.first, kv.second.to(at::kCPU));
     }
   }
-  AlignDevicesOptions root;
-  root.io_same_device = true;
-  add_hook_to_module(model, std::make_shared<AlignDevicesHook>(root), /*append=*/true);
-  AttachOptions a;
-  a.execution_device = exec;
-  a.offload = true;
-  a.offload_buffers = offload_buffers;
-  a.weights_map = weights;
-  a.preload_module_classes = preload;
-  attach_align_device_hook(model, a);
-  return model;
+  return offload_all(model, exec, offload_buffers, weights, preload);
 }
 
 Module& disk_offload(Module& model, const std::string& offload_dir, std::optional<c10::Device> execution_device,
@@ -180,25 +193,8 @@ Module& disk_offload(Module& model, const std::string& offload_dir, std::optiona
   }
   const c10::Device exec = execution_device.value_or(first_param_device(model, c10::Device(at::kCPU)));
   auto loader = std::make_shared<OffloadedWeightsLoader>(nullptr, offload_dir);
-  for (const auto& group : find_tied_parameters(model))
-    for (const auto& name : group)
-      if (!loader->contains(name))
-        for (const auto& other : group)
-          if (other != name && loader->contains(other)) {
-            loader->add_alias(name, other);
-            break;
-          }
-  AlignDevicesOptions root;
-  root.io_same_device = true;
-  add_hook_to_module(model, std::make_shared<AlignDevicesHook>(root), /*append=*/true);
-  AttachOptions a;
-  a.execution_device = exec;
-  a.offload = true;
-  a.offload_buffers = offload_buffers;
-  a.weights_map = loader;
-  a.preload_module_classes = preload;
-  attach_align_device_hook(model, a);
-  return model;
+  add_tied_aliases(model, find_tied_parameters(model), *loader, nullptr);
+  return offload_all(model, exec, offload_buffers, loader, preload);
 }
 
 UserCpuOffloadHook::UserCpuOffloadHook(std::shared_ptr<Module> model, std::shared_ptr<CpuOffloadHook> hook)
