@@ -135,7 +135,11 @@ flex::EditFn ramp_edit(double scale) {
 }
 
 void add_edits(flex::FlexModel& fm, const Arch& a) {
-  for (const auto& n : {a.qkv, a.act, a.row, a.embed, a.attn, a.mlp}) {
+  // Fused QKV, a column-split activation, a row-parallel partial sum, the
+  // vocab-parallel embedding, whole attention/MLP outputs, and per-head hook
+  // points split along dims 1 and 2.
+  for (const auto& n : {a.qkv, a.act, a.row, a.embed, a.attn, a.mlp, a.attn + ".hook_attn_probs",
+                        a.attn + ".hook_head_out"}) {
     flex::HookFunctionOptions o;
     o.editing_function = ramp_edit(0.25);
     fm.register_forward_hook(std::make_shared<flex::HookFunction>(n, o));
@@ -160,6 +164,32 @@ TEST_P(ParallelModels, EditsGiveSingleProcessEditedLogits) {
   at::Tensor logits = fm.forward(inputs());
   if (rank0()) {
     EXPECT_TRUE(close(logits, expected, a.fixture + " edited logits"));
+  }
+}
+
+// Hook points are not in the golden files: compare with an unsharded model
+// captured in this program on rank 0.
+TEST_P(ParallelModels, HookPointsMatchSingleProcess) {
+  const Arch& a = archs()[GetParam()];
+  const std::string block = a.attn.substr(0, a.attn.rfind('.'));
+  const std::vector<std::string> names{a.attn + ".hook_attn_probs", a.attn + ".hook_head_out",
+                                       block + ".hook_resid_pre", block + ".hook_resid_post"};
+  flex::OutputMap expected;
+  if (rank0()) {
+    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
+    for (const auto& n : names) single.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+    single.forward(inputs());
+    expected = single.output();
+  }
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+  fm.forward(inputs());
+  if (!rank0()) return;
+  for (const auto& n : names) {
+    ASSERT_EQ(fm.output().count(n), 1u) << n;
+    EXPECT_TRUE(close(fm.output().at(n).at(0), expected.at(n).at(0), a.fixture + " " + n));
   }
 }
 
