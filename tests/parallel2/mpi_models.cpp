@@ -193,6 +193,34 @@ TEST_P(ParallelModels, HookPointsMatchSingleProcess) {
   }
 }
 
+// Three rows: with dp=2 the ranks get 2 and 1 (array_split), so gathers
+// concatenate pieces of different sizes and an edit's rows go back unevenly.
+TEST_P(ParallelModels, UnevenBatchMatchesSingleProcess) {
+  const Arch& a = archs()[GetParam()];
+  at::Tensor ids = at::cat({inputs(), inputs().narrow(0, 0, 1).flip(1)}, 0);
+  flex::HookFunctionOptions edit;
+  edit.editing_function = ramp_edit(0.5);
+  at::Tensor expected_logits;
+  flex::OutputMap expected;
+  if (rank0()) {
+    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
+    single.register_forward_hook(std::make_shared<flex::HookFunction>(a.qkv, edit));
+    single.register_forward_hook(std::make_shared<flex::HookFunction>(a.mlp));
+    expected_logits = single.forward(ids);
+    expected = single.output();
+  }
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  fm.register_forward_hook(std::make_shared<flex::HookFunction>(a.qkv, edit));
+  fm.register_forward_hook(std::make_shared<flex::HookFunction>(a.mlp));
+  at::Tensor logits = fm.forward(ids);
+  if (!rank0()) return;
+  EXPECT_TRUE(close(logits, expected_logits, a.fixture + " logits of 3 rows"));
+  for (const auto& n : {a.qkv, a.mlp})
+    EXPECT_TRUE(close(fm.output().at(n).at(0), expected.at(n).at(0), a.fixture + " " + n + " of 3 rows"));
+}
+
 TEST_P(ParallelModels, GetModuleParameterIsWhole) {
   const Arch& a = archs()[GetParam()];
   auto lm = load(a);
@@ -229,6 +257,25 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ParallelModels, ::testing::Values(0, 1, 2),
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+TEST(ParallelBuild, ConfigsThatCannotBeSplitAreRejected) {
+  auto cfg = flex::load_config(flex_test::fixture("models/gpt2"));
+  if (mesh().tp_size() > 1) {
+    auto odd = cfg;
+    odd.num_attention_heads = odd.num_key_value_heads = 3;
+    try {
+      flex::build_parallel_causal_lm(odd, mesh());
+      ADD_FAILURE() << "3 heads were split over tp=" << mesh().tp_size();
+    } catch (const flex::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("3 attention heads"), std::string::npos) << e.what();
+    }
+  }
+  if (mesh().pp_size() > 1) {
+    auto shallow = cfg;
+    shallow.num_hidden_layers = 1;
+    EXPECT_THROW(flex::build_parallel_causal_lm(shallow, mesh()), flex::ConfigError);
+  }
+}
 
 TEST(ParallelRouter, HooksThatDifferAcrossRanksAreReported) {
   const Arch& a = archs()[0];
