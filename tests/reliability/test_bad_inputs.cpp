@@ -40,7 +40,7 @@ using namespace flex;
 
 namespace {
 
-enum class Kind { NotFound, Shape, FileFormat, IO, DeviceMap, Config, Unsupported, Exit2 };
+enum class Kind { NotFound, Shape, FileFormat, IO, DeviceMap, Config, Unsupported, CliExit };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -51,7 +51,7 @@ const char* kind_name(Kind k) {
     case Kind::DeviceMap: return "DeviceMapError";
     case Kind::Config: return "ConfigError";
     case Kind::Unsupported: return "UnsupportedError";
-    case Kind::Exit2: return "exit status 2 with one error line";
+    case Kind::CliExit: return "the expected exit status with one error line";
   }
   return "?";
 }
@@ -65,7 +65,7 @@ bool is_kind(const Error& e, Kind k) {
     case Kind::DeviceMap: return dynamic_cast<const DeviceMapError*>(&e) != nullptr;
     case Kind::Config: return dynamic_cast<const ConfigError*>(&e) != nullptr;
     case Kind::Unsupported: return dynamic_cast<const UnsupportedError*>(&e) != nullptr;
-    case Kind::Exit2: return false;
+    case Kind::CliExit: return false;
   }
   return false;
 }
@@ -134,8 +134,9 @@ at::Tensor x() { return at::ones({3, 4}); }
 
 #ifdef FLEX_CLI
 // Runs the CLI with `args`; throws ConfigError carrying stderr when it exits
-// with status 2 and prints exactly one line, so the row's needles apply to it.
-void cli(const std::string& args) {
+// with `status` (2: usage error, 1: runtime error) and prints exactly one
+// line, so the row's needles apply to that line.
+void cli(const std::string& args, int want_status) {
   const std::string err = scratch().str("cli.err");
   const std::string cmd = std::string(FLEX_CLI) + " " + args + " >/dev/null 2>" + err;
   int rc = std::system(cmd.c_str());
@@ -143,7 +144,7 @@ void cli(const std::string& args) {
   int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   size_t lines = 0;
   for (char c : text) lines += c == '\n';
-  if (status == 2 && lines == 1) throw ConfigError(text);
+  if (status == want_status && lines == 1) throw ConfigError(text);
   throw std::runtime_error("flexmodel " + args + " exited " + std::to_string(status) + " with " +
                            std::to_string(lines) + " stderr lines: " + text);
 }
@@ -369,11 +370,16 @@ std::vector<Row> catalogue() {
 #ifdef FLEX_CLI
   const std::string bin = flex_test::fixture("models/gpt2");
   std::vector<Row> cli_rows = {
-      {"cli_unknown_command", Kind::Exit2, {"frobnicate"}, [] { cli("frobnicate"); }},
-      {"cli_unknown_option", Kind::Exit2, {"--colour"}, [=] { cli("inspect " + bin + " --colour"); }},
-      {"cli_capture_missing_value", Kind::Exit2, {"--out"}, [=] { cli("capture " + bin + " --out"); }},
-      {"cli_capture_missing_model", Kind::Exit2, {"nonexistent_model"},
-       [=] { cli("capture " + scratch().str("nonexistent_model") + " --hook transformer.h.0 --out " + scratch().str("c.safetensors") + " --text hi"); }},
+      {"cli_unknown_command", Kind::CliExit, {"frobnicate"}, [] { cli("frobnicate", 2); }},
+      {"cli_unknown_option", Kind::CliExit, {"--colour"}, [=] { cli("inspect " + bin + " --colour", 2); }},
+      {"cli_option_missing_value", Kind::CliExit, {"--out"}, [=] { cli("capture " + bin + " --out", 2); }},
+      {"cli_capture_missing_model", Kind::CliExit, {"nonexistent_model"},
+       [] { cli("capture " + scratch().str("nonexistent_model") + " --hook transformer.h.0 --out " + scratch().str("c.safetensors") + " --prompt hi", 1); }},
+      {"cli_capture_unknown_hook", Kind::CliExit, {"transformer.h.9", "transformer.h.0"},
+       [=] {
+         cli("capture " + bin + " --hook transformer.h.9 --out " + scratch().str("c.safetensors") + " --input-ids " +
+             flex_test::fixture("golden/inputs.safetensors"), 1);
+       }},
   };
   rows.insert(rows.end(), cli_rows.begin(), cli_rows.end());
 #endif
@@ -393,7 +399,7 @@ TEST_P(BadInputs, FailsWithTypedErrorNamingTheCulprit) {
     return;
   } catch (const Error& e) {
     const std::string msg = e.what();
-    const bool typed = row.kind == Kind::Exit2 ? dynamic_cast<const ConfigError*>(&e) != nullptr : is_kind(e, row.kind);
+    const bool typed = row.kind == Kind::CliExit ? dynamic_cast<const ConfigError*>(&e) != nullptr : is_kind(e, row.kind);
     EXPECT_TRUE(typed) << row.name << ": expected " << kind_name(row.kind) << ", got " << typeid(e).name() << ": " << msg;
     for (const auto& n : row.needles) EXPECT_NE(msg.find(n), std::string::npos) << row.name << ": message lacks '" << n << "': " << msg;
   } catch (const std::exception& e) {
