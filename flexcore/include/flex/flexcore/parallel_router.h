@@ -16,8 +16,13 @@
 //    Stage leaders (tp 0, dp 0) keep captures; those of stages > 0 are sent
 //    to mesh rank 0 at the end of each forward (forward_captures), so rank 0
 //    ends up with every hooked module.
-//  - Parameters: gather_parameter returns the whole parameter on stage 0's
-//    ranks, fetched from the stage that holds it (the others hold it on meta).
+//  - Parameters: gather_parameter (collective: every mesh rank calls
+//    FlexModel::get_module_parameter) returns the whole parameter on stage
+//    0's ranks, fetched from the stage that holds it (the others hold it on
+//    meta); row-parallel biases held by tp rank 0 alone are declared
+//    PartialSum, so the gather sums them back.
+// Hooks on gradients (backward, tensor hooks) go through the same gather and
+// scatter, but only forward hooks are tested under tensor parallelism.
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/parallel/activation_layout.h>
