@@ -269,7 +269,10 @@ struct Cleaner {
       if (members.empty()) order.push_back(child);
       members.push_back(i);
     }
-    for (const auto& child : order) run(children[child], child, depth + 1);
+    // A key equal to this module (e.g. "" next to other keys) is a leaf: recursing
+    // on it would never end.
+    for (const auto& child : order)
+      if (child != module_name) run(children[child], child, depth + 1);
   }
 };
 
