@@ -11,7 +11,9 @@
 #       (tests/reliability/test_threads.cpp, the local communicator, the
 #       streaming sink) with OMP_NUM_THREADS=1 (libgomp is not instrumented).
 #
-# Only a subset of the suite is sanitized: the whole suite under ASan does not
+# flexcore_streaming_sink is left out of the ASan list: its kill test fork()s
+# without exec and the child can deadlock under ASan (reliability_crash_safe_writes
+# covers the same ground with fork+exec). Only a subset of the suite is sanitized: the whole suite under ASan does not
 # fit the 45-minute CI budget on 2 cores. FLEX_ASAN_TESTS / FLEX_TSAN_TESTS
 # (space-separated test executable names) override the subsets; FLEX_ASAN_DIR /
 # FLEX_TSAN_DIR the build directories.
@@ -34,8 +36,8 @@ fi
 
 asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
   dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map
-  flexcore_flex_model flexcore_streaming_sink models_tokenizer_errors models_tokenizer_gpt2 models_loading
-  reliability_bad_inputs reliability_crash_safe_writes reliability_threads"}
+  flexcore_flex_model models_tokenizer_errors models_tokenizer_gpt2 models_loading
+  reliability_bad_inputs reliability_crash_safe_writes reliability_threads reliability_fuzz_regressions"}
 tsan_tests=${FLEX_TSAN_TESTS:-"reliability_threads parallel_local_comm flexcore_streaming_sink"}
 
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF -DFLEX_RELIABILITY_CLI=OFF
@@ -87,7 +89,8 @@ if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   ninja -C "$tsan_dir" -j"$jobs" $tsan_tests
   echo "sanitizers: TSan build took $(( $(date +%s) - start )) s"
   start=$(date +%s)
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  # Suppressions cover races reported inside uninstrumented libtorch only.
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/reliability/tsan.supp}
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE run_tests "$tsan_dir" $tsan_tests || status=1
   echo "sanitizers: TSan tests took $(( $(date +%s) - start )) s"

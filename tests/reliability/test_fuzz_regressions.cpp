@@ -3,6 +3,7 @@
 // an untyped exception or a crash. One folder per target under
 // tests/reliability/fuzz_regressions/.
 #include <flex/dispatch/checkpoint.h>
+#include <flex/dispatch/device_map.h>
 #include <flex/dispatch/offload_folder.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -71,5 +72,17 @@ TEST(FuzzRegressions, CheckpointIndexes) {
     flex_test::TempDir dir;
     fs::copy_file(f, dir.path() / "model.safetensors.index.json");
     expect_file_format_error([&] { flex::Checkpoint::open(dir.str()); }, "model.safetensors.index.json", f.string());
+  }
+}
+
+// A key "" (the whole model) next to other keys sent clean_device_map into
+// endless recursion (stack overflow). Cleaning must keep every key's device.
+TEST(FuzzRegressions, DeviceMapsClean) {
+  auto files = inputs("device_map");
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    flex::DeviceMap m = flex::DeviceMap::from_json(slurp(f), f.string());
+    flex::DeviceMap cleaned = flex::clean_device_map(m);
+    for (const auto& [key, dev] : m) EXPECT_EQ(cleaned.device_of(key), std::optional<flex::MapDevice>(dev)) << f << " " << key;
   }
 }
