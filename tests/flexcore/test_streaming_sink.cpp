@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -114,6 +115,9 @@ TEST(StreamingSink, BufferStaysBoundedWhileCapturing) {
 }
 
 TEST(StreamingSink, ResumesAfterSigkillWithoutLossOrDuplicates) {
+  // fork() after libgomp has started its thread pool can deadlock the child:
+  // keep this process single-threaded (the model is tiny anyway).
+  at::set_num_threads(1);
   at::manual_seed(1);
   auto lm = std::make_shared<tiny::LM>();
   OutputMap ref = in_memory(lm);
