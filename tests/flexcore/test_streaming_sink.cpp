@@ -114,35 +114,9 @@ TEST(StreamingSink, BufferStaysBoundedWhileCapturing) {
   }
 }
 
-TEST(StreamingSink, ResumesAfterSigkillWithoutLossOrDuplicates) {
-  // fork() after libgomp has started its thread pool can deadlock the child:
-  // keep this process single-threaded (the model is tiny anyway).
-  at::set_num_threads(1);
-  at::manual_seed(1);
-  auto lm = std::make_shared<tiny::LM>();
-  OutputMap ref = in_memory(lm);
-  const uint64_t per_forward = (2 * 5 * 16 * 2 + 2 * 5 * 32) * 4;
-  for (int kill_at : {0, 2, 5, 7, 11}) {
-    flex_test::TempDir dir;
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      capture_into(lm, dir.str(), 2 * per_forward, kill_at);
-      _exit(3);  // not reached: killed inside forward kill_at
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "kill_at " << kill_at;
-    ASSERT_EQ(WTERMSIG(status), SIGKILL);
-    {
-      StreamingSink probe(dir.str());
-      EXPECT_LE(probe.forwards_done(), kill_at);  // only complete shards survive
-      EXPECT_EQ(probe.forwards_done() % 2, 0);
-    }
-    capture_into(lm, dir.str(), 2 * per_forward);
-    expect_full_capture(dir.str(), ref);
-  }
-}
+// Resuming after SIGKILL is tested in tests/reliability/test_crash_safe_writes.cpp,
+// which kills a spawned (fork + exec) capture 20 times at random moments: a
+// forked child that keeps using libtorch here could deadlock (fork without exec).
 
 TEST(StreamingSink, LeftoverTempFilesAreRemovedAndGapsRejected) {
   auto lm = std::make_shared<tiny::LM>();
