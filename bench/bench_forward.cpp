@@ -12,6 +12,8 @@
 // hooks machinery) runs interleaved with it, as a baseline that shares the
 // machine's load: "flex/raw" is the framework's cost (1.00 = none). The raw
 // logits also cross-check the model's.
+#include "bench_util.h"
+
 #include <flex/dispatch/safetensors.h>
 #include <flex/models/auto_model.h>
 
@@ -31,14 +33,6 @@
 #include <vector>
 
 namespace {
-
-const char* kConfig = R"({
-  "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-  "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
-  "n_inner": null, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
-  "attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1,
-  "bos_token_id": 50256, "eos_token_id": 50256, "torch_dtype": "float32"
-})";
 
 // GPT-2 written out with ATen ops only, reading the loaded model's weights.
 struct RawGpt2 {
@@ -100,16 +94,7 @@ int main(int argc, char** argv) {
   try {
     // Random GPT-2-small weights, saved the way save_pretrained does (tied lm_head left out).
     auto t0 = std::chrono::steady_clock::now();
-    {
-      flex::ModelConfig cfg = flex::parse_config(nlohmann::json::parse(kConfig), "bench config");
-      at::manual_seed(0);
-      auto model = flex::build_causal_lm(cfg);
-      std::vector<std::pair<std::string, at::Tensor>> tensors;
-      for (auto& [name, t] : flex::state_dict(*model))
-        if (name != "lm_head.weight") tensors.emplace_back(name, t.detach());
-      flex::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-      std::ofstream(dir / "config.json") << kConfig;
-    }
+    bench::write_gpt2(dir, 12, 768, 12, 50257);
     const double write_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
     auto model = flex::load_pretrained(dir.string(), at::kFloat);
