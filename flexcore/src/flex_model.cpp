@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <sstream>
@@ -44,6 +45,40 @@ void check_expected_shape(const HookFunction& hook, const at::Tensor& t) {
 
 // The positional arguments as one tuple, so the same leaf logic applies.
 Value args_as_value(const Inputs& in) { return c10::ivalue::Tuple::create(in.args); }
+
+bool is_gradient_hook(HookType t) {
+  return t == HookType::FullBackward || t == HookType::FullBackwardPre || t == HookType::Tensor;
+}
+
+std::string gradient_hook_refusal(const std::string& what, const DeviceMesh& mesh) {
+  return what + " under " + mesh.describe() +
+         ": gradient hooks are not supported over a parallel mesh, because the parallel model's backward "
+         "does not give the single-process gradients (no autograd across pipeline stages or data-parallel "
+         "gathers; tensor-parallel column layers do not all-reduce their input gradients), so a captured "
+         "gradient would silently differ. Capture gradients in a single process.";
+}
+
+// An edited activation under a mesh: the same values, but a backward that
+// reaches it (a loss on the model's outputs) raises UnsupportedError instead
+// of giving trainable modules and the model below wrong gradients.
+struct EditedUnderMesh : torch::autograd::Function<EditedUnderMesh> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& piece, const at::Tensor& local,
+                            const std::string& what) {
+    // `local` is an input only so that the output requires grad (and the
+    // backward below runs) when the model below the hook does.
+    (void)local;
+    ctx->saved_data["what"] = what;
+    return piece.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 const torch::autograd::variable_list&) {
+    throw UnsupportedError(ctx->saved_data["what"].toStringRef() +
+                           ": a gradient came back from the model into this edited activation (e.g. a loss on "
+                           "the logits); over a parallel mesh the model's backward does not give single-process "
+                           "gradients. Compute the loss from what the editing functions compute, then call "
+                           "FlexModel::sync_trainable_gradients.");
+  }
+};
 
 }  // namespace
 
@@ -129,7 +164,27 @@ at::Tensor FlexModel::process(const HookFunction& hook, Module& module, const at
     throw ShapeError(hook.describe() + ": editing function returned shape " + shape_str(edited.sizes()) +
                      " but the activation has shape " + shape_str(whole.sizes()));
   if (o.save && o.save_after_edit) capture(hook, edited);
-  return router_ ? router_->scatter(hook, module, edited) : edited;
+  if (!router_) return edited;
+  at::Tensor piece = router_->scatter(hook, module, edited);
+  if (distributed() && at::GradMode::is_enabled() && (piece.requires_grad() || local.requires_grad()))
+    piece = EditedUnderMesh::apply(piece, local, hook.describe() + " under " + parallel_->mesh().describe());
+  return piece;
+}
+
+bool FlexModel::distributed() const { return parallel_ && parallel_->mesh().shape().size() > 1; }
+
+void FlexModel::set_router(std::shared_ptr<ActivationRouter> router) {
+  auto parallel = std::dynamic_pointer_cast<ParallelRouter>(router);
+  if (parallel && parallel->mesh().shape().size() > 1) {
+    for (const auto& e : entries_)
+      if (is_gradient_hook(e->hook->type()))
+        throw UnsupportedError(gradient_hook_refusal(e->hook->describe(), parallel->mesh()));
+  }
+  router_ = std::move(router);
+  parallel_ = std::move(parallel);
+  // Modules registered before the mesh was known become identical now.
+  if (parallel_)
+    for (const auto& n : trainable_.names()) broadcast_trainable(n, *trainable_.get(n));
 }
 
 std::string FlexModel::capture_key(const HookFunction& hook) const {
@@ -198,6 +253,9 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
   if (find_entry(hook.get()))
     throw ConfigError(hook->describe() + " is already registered with this FlexModel");
   const std::string& name = hook->module_name();
+  if (distributed() && is_gradient_hook(type))
+    throw UnsupportedError(gradient_hook_refusal(std::string(hook_type_name(type)) + " hook on '" + name + "'",
+                                                 parallel_->mesh()));
   hook->type_ = type;
   auto e = std::make_shared<Entry>();
   e->hook = hook;
@@ -389,7 +447,103 @@ std::vector<HookFunctionPtr> FlexModel::hook_functions() const {
 }
 
 void FlexModel::register_trainable_module(const std::string& name, std::shared_ptr<torch::nn::Module> module) {
+  // Agree first, so a module that differs between ranks is never added.
+  if (parallel_ && module) broadcast_trainable(name, *module);
   trainable_.add(name, std::move(module));
+}
+
+namespace {
+std::string describe_tensor(const std::string& what, const at::Tensor& t) {
+  return what + " " + shape_str(t.sizes()) + " " + std::string(c10::toString(t.scalar_type()));
+}
+}  // namespace
+
+void FlexModel::broadcast_trainable(const std::string& name, torch::nn::Module& module) {
+  const DeviceMesh& mesh = parallel_->mesh();
+  if (mesh.shape().size() == 1) return;
+  std::vector<std::string> desc;
+  std::vector<at::Tensor> tensors;
+  for (const auto& kv : module.named_parameters(/*recurse=*/true)) {
+    desc.push_back(describe_tensor(name + "." + kv.key(), kv.value()));
+    tensors.push_back(kv.value());
+  }
+  for (const auto& kv : module.named_buffers(/*recurse=*/true)) {
+    if (!kv.value().defined()) continue;
+    desc.push_back(describe_tensor(name + "." + kv.key() + " (buffer)", kv.value()));
+    tensors.push_back(kv.value());
+  }
+  // Same modules everywhere, or the broadcasts below would pair wrong tensors.
+  parallel_->check_consistent(desc, "the parameters and buffers of trainable module '" + name + "'");
+  at::NoGradGuard no_grad;
+  for (auto& t : tensors) {
+    at::Tensor buf = t.detach().contiguous().clone();
+    mesh.comm()->broadcast(buf, 0);
+    if (mesh.rank() != 0) t.detach().copy_(buf);
+  }
+}
+
+void FlexModel::sync_trainable_gradients() {
+  if (!distributed()) return;
+  const DeviceMesh& mesh = parallel_->mesh();
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  for (const auto& n : trainable_.names())
+    for (const auto& kv : trainable_.get(n)->named_parameters(/*recurse=*/true)) {
+      names.push_back(n + "." + kv.key());
+      params.push_back(kv.value());
+    }
+  std::vector<std::string> desc;
+  for (size_t i = 0; i < params.size(); ++i) desc.push_back(describe_tensor(names[i], params[i]));
+  parallel_->check_consistent(desc, "trainable parameters");
+  const int64_t n = static_cast<int64_t>(params.size());
+  if (n == 0) return;
+
+  at::Tensor any = at::zeros({n}, at::kInt);
+  for (int64_t i = 0; i < n; ++i) any[i] = params[i].grad().defined() ? 1 : 0;
+  mesh.comm()->all_reduce(any, ReduceOp::Max);
+
+  // Every rank of a stage computed the same gradient: take the leader's
+  // (tp 0, dp 0), measuring how far this rank's own was from it.
+  std::vector<at::Tensor> synced(params.size());
+  // Per parameter: max |own - leader's| and the leader's max |gradient|.
+  at::Tensor deviation = at::zeros({2, n}, at::kDouble);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!any[i].item<int>()) continue;
+    const at::Tensor& p = params[i];
+    at::Tensor mine = p.grad().defined() ? p.grad().detach().contiguous() : at::zeros_like(p).detach();
+    at::Tensor g = mine.clone();
+    if (mesh.tp_size() > 1) mesh.tp_group()->broadcast(g, 0);
+    if (mesh.dp_size() > 1) mesh.dp_group()->broadcast(g, 0);
+    if (g.numel() > 0) {
+      deviation[0][i] = (mine.to(at::kDouble) - g.to(at::kDouble)).abs().max().item<double>();
+      deviation[1][i] = g.to(at::kDouble).abs().max().item<double>();
+    }
+    synced[i] = g;
+  }
+  auto deviations = mesh.comm()->all_gather(deviation);
+  std::string bad;
+  for (size_t r = 0; r < deviations.size(); ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = deviations[r][0][i].item<double>();
+      // Identical code on identical inputs: any real difference is a rank-local loss.
+      if (d > 1e-4 * deviations[r][1][i].item<double>() + 1e-7)
+        bad += " rank " + std::to_string(r) + " " + names[i] + " (max |diff| " + std::to_string(d) + ");";
+    }
+  if (!bad.empty())
+    throw ConfigError("sync_trainable_gradients over " + mesh.describe() +
+                      ": gradients differ from their pipeline stage leader's on" + bad +
+                      " every rank must compute the loss the same way from what the editing functions computed");
+
+  // Each stage only ran the hooks of its own modules: sum the stages' parts.
+  for (int64_t i = 0; i < n; ++i) {
+    if (!synced[i].defined()) continue;
+    if (mesh.pp_size() > 1) mesh.pp_group()->all_reduce(synced[i], ReduceOp::Sum);
+    at::Tensor& grad = params[i].mutable_grad();
+    if (grad.defined())
+      grad.detach().copy_(synced[i]);
+    else
+      grad = synced[i];
+  }
 }
 
 void FlexModel::wrapped_module_requires_grad(bool requires_grad) {

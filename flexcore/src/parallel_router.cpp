@@ -50,7 +50,9 @@ ShardSpec ParallelRouter::output_spec(const Module& m) const {
 }
 
 at::Tensor ParallelRouter::gather(const HookFunction& hook, Module& module, const at::Tensor& local) {
-  at::Tensor t = local;
+  // Detached with more than one rank, whatever the sharding, so a loss on an
+  // editing function's result trains trainable modules alike on every mesh.
+  at::Tensor t = mesh_.shape().size() > 1 ? local.detach() : local;
   if (mesh_.tp_size() > 1) {
     const ShardSpec spec = output_spec(module);
     if (!spec.is_replicated()) {
@@ -152,7 +154,7 @@ void ParallelRouter::forward_captures(const PendingCaptures& pending, Activation
   }
 }
 
-void ParallelRouter::check_consistent(const std::vector<std::string>& hooks) {
+void ParallelRouter::check_consistent(const std::vector<std::string>& hooks, const std::string& what) {
   auto& comm = *mesh_.comm();
   if (comm.size() == 1) return;
   std::string joined;
@@ -173,7 +175,7 @@ void ParallelRouter::check_consistent(const std::vector<std::string>& hooks) {
     return out;
   };
   const auto ref = split(string_of(lists[0]));
-  std::string msg = "hooks are registered differently on different ranks of " + mesh_.describe() +
+  std::string msg = what + " are registered differently on different ranks of " + mesh_.describe() +
                     " (rank 0 has " + std::to_string(ref.size()) + " enabled):";
   for (size_t r = 1; r < lists.size(); ++r) {
     const auto mine = split(string_of(lists[r]));

@@ -12,6 +12,27 @@
 // the rest, and runs the model; that selection stays until the next forward,
 // so a backward pass after it sees the same hooks. Naming a group that was
 // never created is an error (a typo would otherwise silently disable hooks).
+//
+// Training trainable modules over a mesh (set_mesh): every rank registers the
+// same trainable modules in the same order (registration is collective and
+// copies rank 0's parameters and buffers everywhere), and every rank runs
+//
+//   torch::optim::SGD opt(fm.trainable_modules().parameters(), lr);
+//   opt.zero_grad();
+//   fm.forward(ids);                  // editing functions apply the modules to whole activations
+//   loss.backward();                  // loss from what the editing functions computed
+//   fm.sync_trainable_gradients();    // collective: the single-process gradients everywhere
+//   opt.step();                       // parameters stay identical on every rank
+//
+// Under a mesh of more than one rank an editing function sees a detached
+// whole activation: a loss on what it computes trains the trainable modules
+// but does not reach the model below the hook. Gradients cannot come back
+// from the model's outputs (e.g. a loss on the logits) into an edit: the
+// parallel model's backward does not reproduce single-process gradients (no
+// autograd across pipeline stages or data-parallel gathers; tensor-parallel
+// inputs of column-parallel layers do not all-reduce their gradients), so
+// such a backward raises UnsupportedError, and gradient hooks (backward,
+// backward-pre, tensor) are refused under such a mesh for the same reason.
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/flexcore/hook_function.h>
@@ -41,6 +62,8 @@ class FlexModel {
 
   // --- registration: each returns a handle whose remove() detaches that hook ---------
   /// Unknown module (or parameter) names fail here, naming the closest ones.
+  /// Gradient hooks (backward, backward-pre, tensor) under a mesh of more
+  /// than one rank: UnsupportedError (see the top of this file).
   HookHandle register_forward_hook(const HookFunctionPtr& hook);
   HookHandle register_forward_pre_hook(const HookFunctionPtr& hook);
   HookHandle register_full_backward_hook(const HookFunctionPtr& hook);
@@ -73,7 +96,21 @@ class FlexModel {
 
   // --- state shared with editing functions ---------------------------------------------
   SaveContext& save_ctx() { return save_ctx_; }
+  /// Makes `module` visible to editing functions as `name`. With a mesh this
+  /// is collective: every rank must register the same modules (same names,
+  /// parameter names and shapes; ConfigError naming the ranks otherwise) in
+  /// the same order, and each gets mesh rank 0's parameters and buffers.
   void register_trainable_module(const std::string& name, std::shared_ptr<torch::nn::Module> module);
+  /// Collective over the mesh (no-op without one): after loss.backward() on
+  /// every rank, sets every trainable parameter's gradient to the
+  /// single-process one. The ranks of a pipeline stage ran the same editing
+  /// functions on the same whole activations, so their gradients must agree
+  /// (ConfigError naming the ranks and parameters otherwise: the loss must be
+  /// computed the same way on every rank); the stage's gradient is taken from
+  /// its leader. Each stage only ran its own modules' hooks, so the stages'
+  /// gradients are summed (the loss must be a sum of per-stage terms). A
+  /// parameter no rank got a gradient for keeps an undefined gradient.
+  void sync_trainable_gradients();
   TrainableModules& trainable_modules() { return trainable_; }
   /// Sets requires_grad on every parameter of the wrapped module.
   void wrapped_module_requires_grad(bool requires_grad);
@@ -94,11 +131,10 @@ class FlexModel {
   void clear() { output_->clear(); }
   /// Sends captures to `sink` instead of the output map (null restores the map).
   void set_sink(std::shared_ptr<ActivationSink> sink);
-  /// Installs the parallel router (null: single process).
-  void set_router(std::shared_ptr<ActivationRouter> router) {
-    router_ = std::move(router);
-    parallel_ = std::dynamic_pointer_cast<ParallelRouter>(router_);
-  }
+  /// Installs the router (null: single process). A ParallelRouter makes the
+  /// trainable modules already registered identical on every rank
+  /// (collective) and refuses gradient hooks (UnsupportedError), as set_mesh.
+  void set_router(std::shared_ptr<ActivationRouter> router);
   /// Runs over `mesh` (every mesh rank wraps the same model and calls the same
   /// methods): installs a ParallelRouter using `layout` (the model's declared
   /// sharding, e.g. ParallelCausalLM::layout()). Each forward then checks that
@@ -126,6 +162,9 @@ class FlexModel {
   std::vector<HookFunctionPtr> match(const std::string& group, const std::function<bool(const std::string&)>& pred,
                                      const HookFunctionOptions& options, HookType type, const std::string& what);
   void capture(const HookFunction& hook, const at::Tensor& t);
+  // True under a ParallelRouter whose mesh has more than one rank.
+  bool distributed() const;
+  void broadcast_trainable(const std::string& name, torch::nn::Module& module);
   std::string capture_key(const HookFunction& hook) const;
 
   std::shared_ptr<Module> module_;

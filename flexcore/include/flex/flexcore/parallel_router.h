@@ -21,8 +21,9 @@
 //    0's ranks, fetched from the stage that holds it (the others hold it on
 //    meta); row-parallel biases held by tp rank 0 alone are declared
 //    PartialSum, so the gather sums them back.
-// Hooks on gradients (backward, tensor hooks) go through the same gather and
-// scatter, but only forward hooks are tested under tensor parallelism.
+// With more than one rank the whole tensor an editing function sees is
+// detached (the parallel model's backward cannot carry a gradient from it
+// back to the model below the hook); FlexModel refuses gradient hooks there.
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/parallel/activation_layout.h>
@@ -64,9 +65,10 @@ class ParallelRouter : public ActivationRouter {
   /// stage, into `sink`.
   void forward_captures(const PendingCaptures& pending, ActivationSink& sink);
   /// Collective over the mesh: every rank passes the sorted descriptions of
-  /// its enabled hooks; ConfigError on every rank, naming the ranks and hooks
+  /// its enabled hooks (or of any other list that must agree, called `what`
+  /// in the message); ConfigError on every rank, naming the ranks and items
   /// that differ from rank 0, when they are not the same everywhere.
-  void check_consistent(const std::vector<std::string>& hooks);
+  void check_consistent(const std::vector<std::string>& hooks, const std::string& what = "hooks");
 
   const DeviceMesh& mesh() const { return mesh_; }
 
