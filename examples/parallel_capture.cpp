@@ -1,52 +1,89 @@
-// Data-parallel capture: every rank runs its slice of the batch through a
-// FlexModel-hooked model, rank 0 gathers the activations (Communicator::gather)
-// and writes them whole. Runs as one process, or under mpirun:
-//   mpirun -n 2 parallel_capture [MODEL_DIR] [--work DIR]
-// Tensor and pipeline parallel captures (--tp/--pp) need the parallel model
-// path, which is not wired into the models yet; this example covers dp.
+// Tensor-, pipeline- and data-parallel capture. Every rank loads only its
+// slices of the checkpoint; FlexModel's parallel router brings each hooked
+// activation whole to rank 0 (tensor-parallel shards concatenated, fused QKV
+// blocks in order, row-parallel partial sums reduced, later pipeline stages
+// forwarded, data-parallel rows concatenated); rank 0 writes them and checks
+// them against the same model run in one process.
+//   mpirun -n 4 parallel_capture [MODEL_DIR] [--tp 2] [--pp 2] [--dp 1] [--work DIR]
+// Unset sizes: tp = number of ranks / (pp * dp). Also runs as one process.
 #include "support/example_util.h"
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/parallel_lm.h>
 #include <flex/parallel/communicator.h>
 
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <stdexcept>
+
+namespace {
+
+int size_flag(const flex_examples::Options& o, const std::string& flag, int fallback) {
+  auto it = o.extra.find(flag);
+  return it == o.extra.end() ? fallback : std::stoi(it->second);
+}
+
+/// Runs `model` with a capturing hook on each of `hooks`; the captures (on rank 0).
+std::map<std::string, at::Tensor> capture(flex::FlexModel& fm, const std::vector<std::string>& hooks, const at::Tensor& ids) {
+  for (const auto& h : hooks) fm.register_forward_hook(std::make_shared<flex::HookFunction>(h));
+  at::NoGradGuard ng;
+  fm.forward(ids);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, list] : fm.output()) out[name] = list.at(0);
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
-    auto opt = flex_examples::parse_options(argc, argv, "parallel_capture [MODEL_DIR] [--work DIR]");
-    auto world = flex::make_world_communicator();
+    auto opt = flex_examples::parse_options(argc, argv, "parallel_capture [MODEL_DIR] [--tp N] [--pp N] [--dp N] [--work DIR]");
+    auto world = flex::make_world_communicator();  // MPI under mpirun, else one local rank
+    const int pp = size_flag(opt, "--pp", 1), dp = size_flag(opt, "--dp", 1);
+    const int tp = size_flag(opt, "--tp", world->size() / std::max(1, pp * dp));
     // Rank 0 writes the tiny model (when none is given); the others wait for it.
     std::string dir = opt.model_dir.empty() ? opt.work + "/tiny-gpt2" : opt.model_dir;
     if (world->rank() == 0) dir = flex_examples::model_dir_or_tiny(opt);
     world->barrier();
-    auto model = flex::load_pretrained(dir);
-    const std::string hook = flex_examples::block_name(*model, 0);
 
+    flex::DeviceMesh mesh(world, tp, pp, dp);  // ConfigError unless tp*pp*dp == ranks
+    auto model = flex::load_parallel_pretrained(dir, mesh);
+    const auto& cfg = model->config();
+    const std::string block0 = cfg.model_type == "gpt2" ? "transformer.h.0" : cfg.model_type == "gpt_neox" ? "gpt_neox.layers.0" : "model.layers.0";
+    const std::string last = block0.substr(0, block0.size() - 1) + std::to_string(cfg.num_hidden_layers - 1);
+    const std::vector<std::string> hooks = {block0, block0 + (cfg.model_type == "gpt2" ? ".mlp.c_proj" : ".mlp"), last,
+                                            "lm_head"};
     const int64_t rows = 8, T = 12;
-    at::Tensor all = at::arange(rows * T, at::kLong).remainder(model->config().vocab_size).view({rows, T});
-    const int64_t per = (rows + world->size() - 1) / world->size();
-    const int64_t begin = std::min<int64_t>(rows, per * world->rank()), n = std::min<int64_t>(per, rows - begin);
+    at::Tensor ids = at::arange(rows * T, at::kLong).remainder(cfg.vocab_size).view({rows, T});
+
     flex::FlexModel fm(model);
-    fm.register_forward_hook(std::make_shared<flex::HookFunction>(hook));
-    at::Tensor local = at::empty({0, T, model->config().hidden_size});
-    if (n > 0) {
-      at::NoGradGuard ng;
-      fm.forward(all.narrow(0, begin, n));
-      local = fm.output().at(hook)[0];
+    fm.set_mesh(mesh, model->layout());
+    auto parallel = capture(fm, hooks, ids);
+    if (world->rank() != 0) return 0;
+
+    // The same forward in one process, unsharded.
+    auto whole = flex::load_pretrained(dir);
+    flex::FlexModel single(whole);
+    auto reference = capture(single, hooks, ids);
+    double worst = 0;
+    std::vector<std::pair<std::string, at::Tensor>> tensors = {{"input_ids", ids}};
+    for (const auto& h : hooks) {
+      const at::Tensor& a = parallel.at(h);
+      if (a.sizes() != reference.at(h).sizes()) throw std::runtime_error(h + ": gathered shape differs from the single-process one");
+      worst = std::max(worst, (a - reference.at(h)).abs().max().item<double>());
+      tensors.emplace_back(h, a);
     }
-    auto parts = world->gather(local.contiguous(), 0);
-    if (world->rank() == 0) {
-      at::Tensor whole = at::cat(parts, 0);
-      const std::string path = opt.work + "/parallel_capture.safetensors";
-      flex::save_safetensors(path, {{hook, whole}, {"input_ids", all}});
-      std::printf("%d rank(s) (%s): gathered %s %ld x %ld x %ld on rank 0 -> %s\n", world->size(), world->backend(),
-                  hook.c_str(), static_cast<long>(whole.size(0)), static_cast<long>(whole.size(1)),
-                  static_cast<long>(whole.size(2)), path.c_str());
-    }
+    const std::string path = opt.work + "/parallel_capture.safetensors";
+    flex::save_safetensors(path, tensors);
+    const at::Tensor& b0 = parallel.at(block0);
+    std::printf("%d rank(s) (%s, %s): gathered %s %ld x %ld x %ld and %zu more on rank 0 -> %s\n", world->size(),
+                world->backend(), mesh.describe().c_str(), block0.c_str(), static_cast<long>(b0.size(0)),
+                static_cast<long>(b0.size(1)), static_cast<long>(b0.size(2)), hooks.size() - 1, path.c_str());
+    if (worst > 1e-4) throw std::runtime_error("parallel captures differ from the single-process run by " + std::to_string(worst));
+    std::printf("same as the single-process run: max |difference| %.2g\n", worst);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "parallel_capture: error: %s\n", e.what());

@@ -40,7 +40,12 @@ at::Tensor Module::operator()(const at::Tensor& x) {
   return t;
 }
 
-Value Module::call_hooked(Inputs inputs) {
+Value Module::call_with(Inputs inputs, const std::function<Value(Inputs)>& body) {
+  if (!hook_ && (!table_ || table_->empty())) return body(std::move(inputs));
+  return call_hooked(std::move(inputs), &body);
+}
+
+Value Module::call_hooked(Inputs inputs, const std::function<Value(Inputs)>* body) {
   std::shared_ptr<ModelHook> hook = hook_;  // keep alive even if a hook removes itself
   std::shared_ptr<detail::HookTable> table = table_;
   if (hook) inputs = hook->pre_forward(*this, std::move(inputs));
@@ -53,7 +58,8 @@ Value Module::call_hooked(Inputs inputs) {
   {
     c10::optional<at::NoGradGuard> guard;
     if (hook && hook->no_grad) guard.emplace();
-    out = need_inputs ? forward(inputs) : forward(std::move(inputs));
+    if (body) out = need_inputs ? (*body)(inputs) : (*body)(std::move(inputs));
+    else out = need_inputs ? forward(inputs) : forward(std::move(inputs));
   }
   if (need_inputs) {
     auto post = table->post;

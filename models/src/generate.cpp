@@ -80,6 +80,12 @@ std::pair<at::Tensor, at::Tensor> pad_left(const std::vector<std::vector<int64_t
 
 GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                         const GenerateOptions& opts) {
+  return generate([&model](const LMInputs& in) { return model.run(in).logits; }, model.config(), input_ids,
+                  attention_mask, opts);
+}
+
+GenerateOutput generate(const LogitsFn& model_step, const ModelConfig& cfg, const at::Tensor& input_ids,
+                        const at::Tensor& attention_mask, const GenerateOptions& opts) {
   check_options(opts);
   if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.size(1) == 0)
     throw ShapeError("generate: input_ids must be a non-empty [batch, seq] tensor, got " +
@@ -88,7 +94,6 @@ GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::
     throw ShapeError("generate: attention_mask " + shape_str(attention_mask.sizes()) + " must match input_ids " +
                      shape_str(input_ids.sizes()));
   at::NoGradGuard no_grad;
-  const ModelConfig& cfg = model.config();
   const std::vector<int64_t> stops = opts.stop_tokens ? *opts.stop_tokens : cfg.eos_token_ids;
   const int64_t pad = opts.pad_token_id ? *opts.pad_token_id
                                         : (cfg.pad_token_id ? *cfg.pad_token_id : (stops.empty() ? 0 : stops[0]));
@@ -117,8 +122,8 @@ GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::
       in.input_ids = ids;
       in.position_ids = pos;
     }
-    LMOutput res = model.run(in);
-    at::Tensor last = res.logits.select(1, res.logits.size(1) - 1);
+    const at::Tensor logits = model_step(in);
+    at::Tensor last = logits.select(1, logits.size(1) - 1);
     at::Tensor next = choose_next_tokens(last, opts, gen).to(ids.device());
     next = at::where(finished, at::full_like(next, pad), next);
     at::Tensor active = finished.logical_not().to(at::kCPU);

@@ -136,30 +136,43 @@ Value ParallelCausalLM::forward(Inputs inputs) {
   const int stage = mesh_.pp_rank();
 
   at::Tensor position_ids = at::arange(t, at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-  at::Tensor hidden;
-  if (stage == 0) {
-    hidden = (*embedding_)(ids);
-    if (pos_embedding_) hidden = hidden + (*pos_embedding_)(position_ids);
-    if (emb_dropout_) hidden = (*emb_dropout_)(hidden);
-  } else {
-    hidden = mesh_.pp_group()->recv(stage - 1, kHiddenTag);
-  }
-  at::Tensor mask = detail::allowed_mask(attention_mask, b, t, 0, hidden.device());
-  Value pe;
-  if (rotary_) {
-    // Stage 0 calls it as a module (hooks see it); later stages need the
-    // same tables without running hooks a second time.
-    Inputs rin{hidden, position_ids};
-    pe = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
-  }
-  for (int64_t i = first_block_; i < last_block_; ++i)
-    hidden = detail::first_tensor((*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe)), "block " + str(i));
+  // The base model's part of this stage. On the last stage it runs inside the
+  // base module's hooks (call_with), so a hook on "transformer" / "model" /
+  // "gpt_neox" fires once per forward and sees (and may edit) the final
+  // hidden state, as in the single-process model.
+  auto base_body = [&](Inputs) -> Value {
+    at::Tensor hidden;
+    if (stage == 0) {
+      hidden = (*embedding_)(ids);
+      if (pos_embedding_) hidden = hidden + (*pos_embedding_)(position_ids);
+      if (emb_dropout_) hidden = (*emb_dropout_)(hidden);
+    } else {
+      hidden = mesh_.pp_group()->recv(stage - 1, kHiddenTag);
+    }
+    at::Tensor mask = detail::allowed_mask(attention_mask, b, t, 0, hidden.device());
+    Value pe;
+    if (rotary_) {
+      // Stage 0 calls it as a module (hooks see it); later stages need the
+      // same tables without running hooks a second time.
+      Inputs rin{hidden, position_ids};
+      pe = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
+    }
+    for (int64_t i = first_block_; i < last_block_; ++i)
+      hidden = detail::first_tensor((*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe)), "block " + str(i));
+    if (stage == pp - 1) hidden = (*norm_)(hidden);
+    return detail::tuple_of({hidden});
+  };
+  Inputs base_in;
+  base_in.set("input_ids", ids);
+  if (attention_mask.defined()) base_in.set("attention_mask", attention_mask);
+  const Value base_out = stage == pp - 1 ? base_module_->call_with(std::move(base_in), base_body) : base_body(base_in);
+  const at::Tensor hidden = detail::first_tensor(base_out, base_);
 
   at::Tensor logits;
   if (stage < pp - 1) {
     mesh_.pp_group()->send(hidden.contiguous(), stage + 1, kHiddenTag);
   } else {
-    logits = (*head_)((*norm_)(hidden));
+    logits = (*head_)(hidden);
   }
   if (pp > 1) {
     if (stage == pp - 1) mesh_.pp_group()->send(logits.contiguous(), 0, kLogitsTag);

@@ -3,8 +3,8 @@
 // blocks offloaded to disk), `inspect --json` reproduces Accelerate's device
 // maps for the fixture budgets, and each error path gives one line on stderr
 // and the documented exit code.
-#include "../models/golden_util.h"
 #include "cli_util.h"
+#include "golden_capture.h"
 
 #include <flex/dispatch/device_map.h>
 #include <flex/dispatch/safetensors.h>
@@ -15,6 +15,7 @@
 
 #include <set>
 
+using cli_test::expect_matches_golden;
 using cli_test::run;
 using nlohmann::json;
 
@@ -27,24 +28,6 @@ std::string name_of(const ::testing::TestParamInfo<std::string>& info) {
   for (auto& c : s)
     if (c == '-') c = '_';
   return s;
-}
-
-/// Every golden module output (HF names; "" and the extra "#out" elements
-/// excepted) is in `out` within the fixture tolerances, and `out` holds no
-/// module the golden forward did not call.
-void expect_matches_golden(const std::string& out_path, const std::string& golden) {
-  auto out = flex::SafetensorsFile::open(out_path);
-  auto ref = models_test::golden_tensors(golden);
-  size_t compared = 0;
-  for (const auto& n : ref->names()) {
-    if (n.empty() || n.find('#') != std::string::npos) continue;
-    ASSERT_TRUE(out->contains(n)) << golden << ": capture lacks " << n;
-    EXPECT_EQ(out->info(n).dtype, n == "input_ids" ? at::kLong : at::kFloat) << n;
-    EXPECT_TRUE(models_test::close(out->get(n), ref->get(n), golden + " " + n));
-    ++compared;
-  }
-  for (const auto& n : out->names()) EXPECT_TRUE(ref->contains(n)) << golden << ": unexpected capture " << n;
-  EXPECT_GT(compared, 15u);
 }
 
 class CliCapture : public ::testing::TestWithParam<std::string> {};
@@ -301,8 +284,11 @@ TEST(CliErrors, BadFlags) {
                2, {"everywhere"});
 }
 
-TEST(CliErrors, ParallelRanksRejectedClearly) {
-  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--tp", "2"}), 1, {"tp*pp*dp = 2"});
+TEST(CliErrors, RanksThatDoNotMatchTheJobAreRejected) {
+  // Outside mpirun the job has one rank: --tp 2 cannot be laid out.
+  expect_error(run({"inspect", flex_test::fixture("models/gpt2"), "--tp", "2"}), 2,
+               {"--tp 2 x --pp 1 x --dp 1 = 2 rank(s)", "this job has 1", "mpirun -np 2"});
+  expect_error(run({"capture", flex_test::fixture("models/gpt2"), "--dp", "0"}), 2, {"--dp must be at least 1"});
 }
 
 TEST(CliErrors, PromptWithoutTokenizer) {

@@ -3,6 +3,9 @@
 // progress, and the subcommands. Not a public API (no include/ header).
 #include <flex/dispatch/memory.h>
 #include <flex/models/causal_lm.h>
+#include <flex/models/parallel_lm.h>
+#include <flex/parallel/communicator.h>
+#include <flex/parallel/device_mesh.h>
 
 #include <c10/core/ScalarType.h>
 
@@ -103,14 +106,29 @@ std::vector<Flag> loading_flags();
 /// from_pretrained with --device-map, --max-memory, --offload-folder, --dtype.
 std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args);
 
-/// --tp/--pp/--dp: validated; UsageError for non-positive values, and
-/// UnsupportedError while parallel runs are not wired into the tool.
+/// The ranks a command runs on. Outside mpirun: one local rank, no mesh.
+/// Under mpirun the product tp*pp*dp must equal the number of ranks; every
+/// rank runs the command (SPMD) and only rank 0 writes outputs. A failing
+/// rank exits non-zero, which aborts the whole job (see mpi_communicator).
+struct Ranks {
+  std::shared_ptr<Communicator> world;
+  std::shared_ptr<DeviceMesh> mesh;  // null when tp*pp*dp == 1
+  int rank() const { return world->rank(); }
+  bool writer() const { return world->rank() == 0; }
+};
 std::vector<Flag> parallel_flags();
-void check_parallel(const Args& args);
+/// --tp/--pp/--dp checked against the job: UsageError for values < 1, or a
+/// product that differs from the number of ranks (naming both).
+Ranks parallel_setup(const Args& args);
+/// The tensor/pipeline/data-parallel model of `dir` over `mesh` (--dtype
+/// honoured). The loading flags only the single-process model has
+/// (--device-map, --max-memory, --offload-folder) are UsageErrors.
+std::shared_ptr<ParallelCausalLM> load_parallel_model(const std::string& dir, const Args& args, const DeviceMesh& mesh);
 
 /// Every hookable name of `model` that --hook all selects: each named module
 /// except the root and the flex-only hook points ("...hook_resid_pre").
-std::vector<std::string> all_hook_names(CausalLM& model);
+std::vector<std::string> all_hook_names(Module& model);
+
 
 // --- subcommands (each returns the exit code) ---------------------------------------
 int run_inspect(const std::vector<std::string>& argv);

@@ -139,7 +139,7 @@ int run_capture(const std::vector<std::string>& argv) {
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
-  check_parallel(args);
+  const Ranks ranks = parallel_setup(args);
   const int sources = args.has("--prompt") + args.has("--prompts-file") + args.has("--input-ids");
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompts-file or --input-ids");
   const auto hooks_given = args.all("--hook");
@@ -149,7 +149,7 @@ int run_capture(const std::vector<std::string>& argv) {
   const int64_t batch_size = args.get_int("--batch-size").value_or(0);
   if (args.has("--batch-size") && batch_size < 1) throw UsageError("option --batch-size must be at least 1");
   const at::ScalarType out_dtype = args.get("--dtype") ? parse_dtype(*args.get("--dtype")) : at::kFloat;
-  require_writable_file(*out);  // fail before any work
+  if (ranks.writer()) require_writable_file(*out);  // fail before any work
   require_model_dir(dir);
 
   Batch all;
@@ -157,7 +157,11 @@ int run_capture(const std::vector<std::string>& argv) {
   else if (args.has("--prompt")) all = tokenize(dir, args.all("--prompt"));
   else all = tokenize(dir, read_prompts(*args.get("--prompts-file")));
 
-  auto model = load_model(dir, args);
+  // Every rank holds the whole batch; the parallel model splits it.
+  std::shared_ptr<Module> model;
+  std::shared_ptr<ParallelCausalLM> parallel;
+  if (ranks.mesh) model = parallel = load_parallel_model(dir, args, *ranks.mesh);
+  else model = load_model(dir, args);
   std::vector<std::string> names;
   std::set<std::string> seen;
   for (const auto& h : hooks_given) {
@@ -167,11 +171,12 @@ int run_capture(const std::vector<std::string>& argv) {
   }
 
   FlexModel fm(model);
+  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());  // whole activations on rank 0
   for (const auto& n : names) fm.register_forward_hook(std::make_shared<HookFunction>(n));  // unknown: NotFoundError with close names
 
   std::shared_ptr<StreamWriter> stream;
   HookHandle root_hook;
-  if (auto sd = args.get("--stream-dir")) {
+  if (auto sd = args.get("--stream-dir"); sd && ranks.writer()) {
     require_writable_dir(*sd);
     stream = std::make_shared<StreamWriter>(std::make_shared<StreamingSink>(*sd), out_dtype);
     fm.set_sink(stream);
@@ -184,7 +189,13 @@ int run_capture(const std::vector<std::string>& argv) {
   const int64_t rows = all.input_ids.size(0);
   const int64_t bs = batch_size > 0 ? std::min(batch_size, rows) : rows;
   const int64_t nbatches = (rows + bs - 1) / bs;
-  const int64_t skip = stream ? std::min(stream->sink().forwards_done(), nbatches) : 0;
+  // Rank 0 decides where a resumed stream continues; the others follow.
+  int64_t skip = stream ? std::min(stream->sink().forwards_done(), nbatches) : 0;
+  if (ranks.mesh && args.has("--stream-dir")) {
+    at::Tensor s = at::full({1}, skip, at::kLong);
+    ranks.world->broadcast(s, 0);
+    skip = s.item<int64_t>();
+  }
   if (skip > 0) log(LogLevel::Warn, "resuming the capture in " + *args.get("--stream-dir") + " at batch " + std::to_string(skip));
   // The sink numbers forwards itself: a resumed stream simply continues at `skip`.
 
@@ -199,16 +210,19 @@ int run_capture(const std::vector<std::string>& argv) {
       if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, b * bs, in.input_ids.size(0));
       Value v = fm.forward(in.to_inputs());
       if (!stream) {
-        logits.push_back(to_out(LMOutput::from_value(v).logits, out_dtype));
-        for (auto& [key, list] : fm.output())
-          for (size_t k = 0; k < list.size(); ++k)
-            captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(to_out(list[k], out_dtype));
+        if (ranks.writer()) {
+          logits.push_back(to_out(LMOutput::from_value(v).logits, out_dtype));
+          for (auto& [key, list] : fm.output())
+            for (size_t k = 0; k < list.size(); ++k)
+              captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(to_out(list[k], out_dtype));
+        }
         fm.clear();
       }
       progress.step();
     }
   }
   root_hook.remove();
+  if (!ranks.writer()) return 0;  // rank 0 holds the whole captures and writes them
 
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   if (stream) {

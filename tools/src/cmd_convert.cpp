@@ -66,7 +66,8 @@ int run_convert(const std::vector<std::string>& argv) {
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
-  check_parallel(args);
+  // Under mpirun rank 0 converts; the others have nothing to write.
+  if (!parallel_setup(args).writer()) return 0;
   const auto out = args.get("--out");
   if (!out) throw UsageError("missing --out DIR");
   const uint64_t shard = static_cast<uint64_t>(parse_size("--max-shard-size", args.get("--max-shard-size").value_or("5GB")));

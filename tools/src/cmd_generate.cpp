@@ -65,7 +65,8 @@ HookFunctionPtr edit_hook(const std::string& module, EditFn fn) {
 }
 
 HookFunctionPtr steer(const std::string& spec) {
-  auto [name, rest] = split_eq("--steer", spec, "NAME=VECTOR.safetensors:ALPHA");
+  const auto name_rest = split_eq("--steer", spec, "NAME=VECTOR.safetensors:ALPHA");
+  const std::string name = name_rest.first, rest = name_rest.second;
   const auto colon = rest.rfind(':');
   if (colon == std::string::npos) throw UsageError("option --steer: '" + spec + "' has no :ALPHA");
   char* end = nullptr;
@@ -81,7 +82,7 @@ HookFunctionPtr steer(const std::string& spec) {
   });
 }
 
-HookFunctionPtr ablate(const std::string& spec, CausalLM& model) {
+HookFunctionPtr ablate(const std::string& spec, Module& model) {
   std::string name = spec;
   std::optional<int64_t> head;
   if (auto colon = spec.rfind(':'); colon != std::string::npos) {
@@ -115,13 +116,16 @@ HookFunctionPtr ablate(const std::string& spec, CausalLM& model) {
   });
 }
 
-HookFunctionPtr patch(const std::string& spec) {
-  auto [name, file] = split_eq("--patch", spec, "NAME=FILE.safetensors");
-  at::Tensor p = tensor_from(file, name);
-  // Generation calls the module on the prompt, then one position per step
-  // (KV cache): track the absolute position so the patch lands on 0..Tp-1.
+HookFunctionPtr patch(const std::string& spec, bool cached) {
+  const auto name_file = split_eq("--patch", spec, "NAME=FILE.safetensors");
+  const std::string name = name_file.first;
+  at::Tensor p = tensor_from(name_file.second, name);
+  // With a KV cache generation calls the module on the prompt, then one
+  // position per step: track the absolute position so the patch lands on
+  // 0..Tp-1. Without one every call starts at position 0.
   auto pos = std::make_shared<int64_t>(0);
-  return edit_hook(name, [p, pos, name](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+  return edit_hook(name, [p, pos, name, cached](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+    if (!cached) *pos = 0;
     if (act.dim() < 2 || p.dim() != act.dim() || (p.size(0) != 1 && p.size(0) != act.size(0)))
       throw ShapeError("--patch " + name + ": patch of " + std::to_string(p.dim()) + " dims does not fit the output's " +
                        std::to_string(act.dim()));
@@ -152,7 +156,7 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
-  check_parallel(args);
+  const Ranks ranks = parallel_setup(args);
   const auto prompt = args.get("--prompt");
   if (!prompt) throw UsageError("missing --prompt TEXT");
   GenerateOptions g;
@@ -174,18 +178,43 @@ int run_generate(const std::vector<std::string>& argv) {
   } catch (const IOError&) {
     throw IOError("model directory '" + dir + "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt)");
   }
-  auto model = load_model(dir, args);
-  FlexModel fm(model);
+  // The parallel model keeps no KV cache: every step runs the whole sequence.
+  g.use_cache = !ranks.mesh;
+  std::shared_ptr<CausalLM> model;
+  std::shared_ptr<ParallelCausalLM> parallel;
+  if (ranks.mesh) parallel = load_parallel_model(dir, args, *ranks.mesh);
+  else model = load_model(dir, args);
+  Module& root = parallel ? static_cast<Module&>(*parallel) : static_cast<Module&>(*model);
+  FlexModel fm(parallel ? std::static_pointer_cast<Module>(parallel) : std::static_pointer_cast<Module>(model));
+  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());
   for (const auto& s : args.all("--steer")) fm.register_forward_hook(steer(s));
-  for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, *model));
-  for (const auto& s : args.all("--patch")) fm.register_forward_hook(patch(s));
+  for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, root));
+  for (const auto& s : args.all("--patch")) fm.register_forward_hook(patch(s, g.use_cache));
 
   std::vector<int64_t> ids = tok->encode(*prompt);
   if (ids.empty()) throw ConfigError("the prompt has no tokens");
   at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
   at::NoGradGuard no_grad;
-  GenerateOutput out = generate(*model, input, {}, g);
-  std::cout << *prompt << tok->decode(out.new_tokens(0)) << "\n";
+  GenerateOutput out;
+  if (parallel) {
+    // Rank 0 holds the whole logits; it shares the last position's so every
+    // rank picks the same token (sampling is seeded identically) and the
+    // ranks keep feeding the same sequence.
+    auto step = [&](const LMInputs& in) {
+      Inputs x;
+      x.set("input_ids", in.input_ids);
+      if (in.attention_mask.defined()) x.set("attention_mask", in.attention_mask);
+      const at::Tensor logits = LMOutput::from_value(fm.forward(std::move(x))).logits;
+      at::Tensor last;
+      if (ranks.writer()) last = logits.select(1, logits.size(1) - 1).contiguous();
+      ranks.world->broadcast(last, 0);
+      return last.unsqueeze(1);
+    };
+    out = generate(step, parallel->config(), input, {}, g);
+  } else {
+    out = generate(*model, input, {}, g);
+  }
+  if (ranks.writer()) std::cout << *prompt << tok->decode(out.new_tokens(0)) << "\n";
   return 0;
 }
 

@@ -75,7 +75,9 @@ int run_inspect(const std::vector<std::string>& argv) {
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
-  check_parallel(args);
+  // Under mpirun rank 0 reports (the plan of the mesh included); the others stop here.
+  const Ranks ranks = parallel_setup(args);
+  if (!ranks.writer()) return 0;
   InferDeviceMapOptions o;
   if (auto d = args.get("--dtype")) o.dtype = parse_dtype(*d);
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
@@ -140,6 +142,21 @@ int run_inspect(const std::vector<std::string>& argv) {
     for (const auto& n : g) std::cout << " " << n;
   }
   std::cout << "\n\ndevice map:\n" << map.to_json(2) << "\n";
+  if (ranks.mesh) {
+    const DeviceMesh& m = *ranks.mesh;
+    const int64_t layers = cfg.num_hidden_layers, pp = m.pp_size(), tp = m.tp_size();
+    std::cout << "\nparallel plan (" << m.describe() << "):\n";
+    for (int64_t s = 0; s < pp; ++s) {
+      // numpy.array_split, as the parallel model assigns blocks to stages
+      const int64_t begin = s * (layers / pp) + std::min(s, layers % pp);
+      const int64_t end = begin + layers / pp + (s < layers % pp ? 1 : 0);
+      std::cout << "  stage " << s << ": blocks " << begin << ".." << end - 1 << (s == 0 ? ", embeddings" : "")
+                << (s == pp - 1 ? ", final norm and head" : "") << "\n";
+    }
+    std::cout << "  each of the " << tp << " tp ranks of a stage holds " << cfg.num_attention_heads / tp << " of "
+              << cfg.num_attention_heads << " attention heads and 1/" << tp << " of the MLP, embedding and head\n"
+              << "  each of the " << m.dp_size() << " dp replicas runs its share of the batch\n";
+  }
   return 0;
 }
 

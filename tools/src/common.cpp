@@ -21,6 +21,7 @@ namespace flex::cli {
 // --- logging -----------------------------------------------------------------------
 namespace {
 LogLevel g_level = LogLevel::Warn;
+int g_rank = 0;  // under mpirun only rank 0 logs (errors excepted) and draws progress
 
 LogLevel level_from(const std::string& s, const std::string& source) {
   if (s == "error") return LogLevel::Error;
@@ -42,14 +43,14 @@ void set_log_level(const std::optional<std::string>& flag) {
 LogLevel log_level() { return g_level; }
 
 void log(LogLevel level, const std::string& message) {
-  if (level > g_level) return;
+  if (level > g_level || (g_rank != 0 && level > LogLevel::Error)) return;
   static const char* names[] = {"error", "warning", "info", "debug"};
   std::cerr << "flexmodel: " << names[static_cast<int>(level)] << ": " << message << "\n";
 }
 
 // --- progress ----------------------------------------------------------------------
 Progress::Progress(std::string what, int64_t total)
-    : what_(std::move(what)), total_(total), on_(isatty(STDERR_FILENO) && g_level >= LogLevel::Warn) {
+    : what_(std::move(what)), total_(total), on_(g_rank == 0 && isatty(STDERR_FILENO) && g_level >= LogLevel::Warn) {
   if (on_) draw();
 }
 
@@ -189,19 +190,46 @@ std::vector<Flag> parallel_flags() {
           {"--dp", "N", "data-parallel ranks (default 1)"}};
 }
 
-void check_parallel(const Args& args) {
+Ranks parallel_setup(const Args& args) {
+  int64_t v[3];
+  const char* names[3] = {"--tp", "--pp", "--dp"};
   int64_t product = 1;
-  for (const char* f : {"--tp", "--pp", "--dp"}) {
-    const int64_t v = args.get_int(f).value_or(1);
-    if (v < 1) throw UsageError(std::string("option ") + f + " must be at least 1, got " + std::to_string(v));
-    product *= v;
+  for (int i = 0; i < 3; ++i) {
+    v[i] = args.get_int(names[i]).value_or(1);
+    if (v[i] < 1) throw UsageError(std::string("option ") + names[i] + " must be at least 1, got " + std::to_string(v[i]));
+    product *= v[i];
   }
-  if (product > 1)
-    throw UnsupportedError("--tp/--pp/--dp with more than one rank (tp*pp*dp = " + std::to_string(product) +
-                           ") is not supported by this build of the flexmodel tool yet; run with tp=pp=dp=1");
+  Ranks r;
+  r.world = make_world_communicator();  // MPI under mpirun, else one local rank
+  const int n = r.world->size();
+  g_rank = r.world->rank();
+  if (product != n) {
+    throw UsageError("--tp " + std::to_string(v[0]) + " x --pp " + std::to_string(v[1]) + " x --dp " + std::to_string(v[2]) +
+                     " = " + std::to_string(product) + " rank(s), but this job has " + std::to_string(n) +
+                     (n == 1 ? " (run it under mpirun -np " + std::to_string(product) + ")" : " (mpirun -np)"));
+  }
+  if (product > 1) {
+    r.mesh = std::make_shared<DeviceMesh>(r.world, static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]));
+  }
+  return r;
 }
 
-std::vector<std::string> all_hook_names(CausalLM& model) {
+std::shared_ptr<ParallelCausalLM> load_parallel_model(const std::string& dir, const Args& args, const DeviceMesh& mesh) {
+  for (const char* f : {"--device-map", "--max-memory", "--offload-folder"})
+    if (args.has(f))
+      throw UsageError(std::string("option ") + f +
+                       " cannot be combined with --tp/--pp/--dp: each rank keeps its slices of the model in memory");
+  require_model_dir(dir);
+  ParallelLMOptions o;
+  if (auto d = args.get("--dtype")) o.dtype = parse_dtype(*d);
+  log(LogLevel::Info, "loading " + dir + " over " + mesh.describe());
+  Progress p("loading", 1);
+  auto model = load_parallel_pretrained(dir, mesh, o);
+  p.step();
+  return model;
+}
+
+std::vector<std::string> all_hook_names(Module& model) {
   std::vector<std::string> names;
   for (const auto& nm : model.named_flex_modules())
     if (!nm.first.empty() && !is_hook_point_name(nm.first)) names.push_back(nm.first);

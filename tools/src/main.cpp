@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -32,7 +33,11 @@ std::string one_line(std::string s) {
 }
 
 int fail(int code, const std::string& message) {
-  std::cerr << "flexmodel: error: " << one_line(message) << "\n";
+  // Under mpirun every failing rank reports; say which one it is.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const std::string who = rank && size && std::string(size) != "1" ? std::string("rank ") + rank + ": " : "";
+  std::cerr << "flexmodel: error: " << who << one_line(message) << "\n";
   return code;
 }
 

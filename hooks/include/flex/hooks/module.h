@@ -16,6 +16,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -50,6 +51,11 @@ class Module : public torch::nn::Module {
   Value operator()(Inputs inputs);
   /// One positional tensor in; the output's first tensor out.
   at::Tensor operator()(const at::Tensor& x);
+  /// Runs this module's hooks around `body` instead of forward(): for a
+  /// parent that computes a module's output piecewise (a pipeline stage runs
+  /// part of a base model), so hooks on that module still fire once, see its
+  /// inputs and output, and may edit them.
+  Value call_with(Inputs inputs, const std::function<Value(Inputs)>& body);
 
   /// The module's computation. Implementations read `inputs` and return a
   /// tensor, or a tuple whose element 0 is the main output.
@@ -115,7 +121,7 @@ class Module : public torch::nn::Module {
   friend Module& add_hook_to_module(Module&, std::shared_ptr<ModelHook>, bool);
   friend Module& remove_hook_from_module(Module&, bool);
 
-  Value call_hooked(Inputs inputs);
+  Value call_hooked(Inputs inputs, const std::function<Value(Inputs)>* body = nullptr);
 
   std::string class_name_;
   std::shared_ptr<ModelHook> hook_;

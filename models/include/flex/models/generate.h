@@ -7,6 +7,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -43,6 +44,14 @@ struct GenerateOutput {
 /// ShapeError for bad inputs.
 GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                         const GenerateOptions& opts = {});
+/// One model step of generate(): the logits [B, T', V] for `in` (the whole
+/// sequence so far, or only the newest position when in.past_key_values is set).
+using LogitsFn = std::function<at::Tensor(const LMInputs& in)>;
+/// generate() over any model step, e.g. a FlexModel-wrapped or parallel model
+/// (with opts.use_cache = false when it keeps no KV cache). `cfg` gives the
+/// stop and pad tokens.
+GenerateOutput generate(const LogitsFn& step, const ModelConfig& cfg, const at::Tensor& input_ids,
+                        const at::Tensor& attention_mask = {}, const GenerateOptions& opts = {});
 
 /// Left-pads token lists into (input_ids [B, max_len], attention_mask [B, max_len]).
 std::pair<at::Tensor, at::Tensor> pad_left(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_id);

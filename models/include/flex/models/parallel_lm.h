@@ -30,9 +30,11 @@
 // Data parallel: every rank is given the whole batch; each dp rank runs its
 // contiguous rows (array_split) and the logits are gathered on dp rank 0.
 //
+// The base model module ("transformer", "model", "gpt_neox") runs piecewise
+// over the stages; its hooks fire on the last stage, around the whole
+// (embeddings .. final norm), with output element 0 = the final hidden state.
+//
 // Limits: no KV cache, no hidden_states output, no autograd across stages.
-// The base model module ("transformer", "model", "gpt_neox") is not called as
-// a whole, so a hook on it never fires; hook its children instead.
 #include <flex/models/causal_lm.h>
 #include <flex/parallel/activation_layout.h>
 #include <flex/parallel/device_mesh.h>

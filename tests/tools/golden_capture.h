@@ -1,0 +1,32 @@
+#pragma once
+// Checks a `flexmodel capture --hook all` output file against a fixture's
+// golden forward (written by Transformers).
+#include "../models/golden_util.h"
+
+#include <flex/dispatch/safetensors.h>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace cli_test {
+
+/// Every golden module output (HF names; "" and the extra "#out" elements
+/// excepted) is in `out_path` within the fixture tolerances, and the file
+/// holds no module the golden forward did not call.
+inline void expect_matches_golden(const std::string& out_path, const std::string& golden) {
+  auto out = flex::SafetensorsFile::open(out_path);
+  auto ref = models_test::golden_tensors(golden);
+  size_t compared = 0;
+  for (const auto& n : ref->names()) {
+    if (n.empty() || n.find('#') != std::string::npos) continue;
+    ASSERT_TRUE(out->contains(n)) << golden << ": capture lacks " << n;
+    EXPECT_EQ(out->info(n).dtype, n == "input_ids" ? at::kLong : at::kFloat) << n;
+    EXPECT_TRUE(models_test::close(out->get(n), ref->get(n), golden + " " + n));
+    ++compared;
+  }
+  for (const auto& n : out->names()) EXPECT_TRUE(ref->contains(n)) << golden << ": unexpected capture " << n;
+  EXPECT_GT(compared, 15u);
+}
+
+}  // namespace cli_test

@@ -1,0 +1,143 @@
+// The flexmodel command line under mpirun with --tp/--pp/--dp: every rank
+// runs the command, rank 0 writes the output. Checked against independent
+// results: captures of every fixture model (--hook all, so fused QKV,
+// embeddings, row-parallel projections, the base model and lm_head are all
+// included) equal the golden Transformers forward for each mesh, and greedy
+// and steered generation equal the single-process run.
+#include "cli_util.h"
+#include "golden_capture.h"
+#include "hf_folder.h"
+
+#include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/streaming_sink.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <tuple>
+
+#ifdef FLEX_MPIEXEC
+using cli_test::expect_matches_golden;
+
+namespace {
+
+const std::string kInputs = flex_test::fixture("golden/inputs.safetensors");
+
+/// `mpirun -np N flexmodel ARGS...` (one thread per rank: the ranks share 2 cores).
+cli_test::Result mpirun(int np, const std::vector<std::string>& args) {
+  return cli_test::run(args, "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FLEX_COMM_TIMEOUT=120 " +
+                                 cli_test::quote(FLEX_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " +
+                                 std::to_string(np));
+}
+
+struct Mesh {
+  int tp, pp, dp;
+  int np() const { return tp * pp * dp; }
+  std::vector<std::string> flags() const {
+    return {"--tp", std::to_string(tp), "--pp", std::to_string(pp), "--dp", std::to_string(dp)};
+  }
+  std::string name() const { return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp); }
+};
+
+const std::vector<Mesh> kMeshes = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}};
+
+class CliParallelCapture : public ::testing::TestWithParam<std::tuple<std::string, Mesh>> {};
+
+/// A tiny GPT-2 folder with a tokenizer (4 heads: splits over tp=2).
+const std::string& tiny_model() {
+  static flex_test::TempDir dir;
+  static const std::string path = [] {
+    flex_examples::TinyGpt2Options o;
+    o.n_layer = 2;
+    o.seed = 7;
+    flex_examples::write_tiny_gpt2(dir.str("gpt2"), o);
+    return dir.str("gpt2");
+  }();
+  return path;
+}
+
+}  // namespace
+
+TEST_P(CliParallelCapture, HookAllReproducesGolden) {
+  const auto& [model, mesh] = GetParam();
+  flex_test::TempDir tmp;
+  std::vector<std::string> args = {"capture", flex_test::fixture("models/" + model), "--input-ids", kInputs,
+                                   "--hook", "all", "--out", tmp.str("cap.safetensors")};
+  for (const auto& f : mesh.flags()) args.push_back(f);
+  auto r = mpirun(mesh.np(), args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  // Only rank 0 reports.
+  EXPECT_EQ(cli_test::count_lines(r.err), 1) << r.err;
+  expect_matches_golden(tmp.str("cap.safetensors"), model);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "gpt-neox"), ::testing::ValuesIn(kMeshes)),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param).name();
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+TEST(CliParallel, StreamDirUnderTensorAndPipelineParallel) {
+  flex_test::TempDir tmp;
+  auto r = mpirun(4, {"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                      tmp.str("cap.safetensors"), "--stream-dir", tmp.str("stream"), "--batch-size", "1", "--tp", "2",
+                      "--pp", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto out = flex::SafetensorsFile::open(tmp.str("cap.safetensors"));
+  auto ref = models_test::golden_tensors("gpt2");
+  EXPECT_TRUE(models_test::close(out->get("logits"), ref->get("logits"), "streamed logits"));
+  flex::CaptureReader reader(tmp.str("stream"));
+  for (const char* n : {"transformer.h.1.attn.c_attn", "transformer.h.0.mlp.c_proj", "lm_head", "transformer"})
+    EXPECT_TRUE(models_test::close(at::cat(reader.all(n), 0), ref->get(n), std::string("streamed ") + n));
+}
+
+TEST(CliParallel, GreedyAndSteeredGenerationEqualTheSingleProcessRun) {
+  flex_test::TempDir tmp;
+  // A steering vector on block 0's MLP output (hidden size 64).
+  flex::save_safetensors(tmp.str("v.safetensors"), {{"vector", at::linspace(-2, 2, 64)}});
+  const std::vector<std::string> base = {"generate", tiny_model(), "--prompt", "hello world", "--max-new-tokens", "6"};
+  const std::vector<std::string> edits = {"--steer", "transformer.h.0.mlp=" + tmp.str("v.safetensors") + ":3",
+                                          "--ablate", "transformer.h.1.attn:1"};
+  for (const bool edited : {false, true}) {
+    auto args = base;
+    if (edited) args.insert(args.end(), edits.begin(), edits.end());
+    auto single = cli_test::run(args);
+    ASSERT_EQ(single.code, 0) << single.err;
+    for (const Mesh& m : {Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{2, 2, 1}}) {
+      auto a = args;
+      for (const auto& f : m.flags()) a.push_back(f);
+      auto par = mpirun(m.np(), a);
+      ASSERT_EQ(par.code, 0) << m.name() << ": " << par.err;
+      EXPECT_EQ(par.out, single.out) << m.name() << (edited ? " (steered, ablated)" : " (greedy)");
+    }
+  }
+}
+
+TEST(CliParallel, InspectPrintsThePlanOnce) {
+  auto r = mpirun(2, {"inspect", flex_test::fixture("models/gpt2"), "--pp", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("stage 0: blocks 0..0, embeddings"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stage 1: blocks 1..1, final norm and head"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("architecture:"), r.out.rfind("architecture:")) << "printed by more than one rank";
+}
+
+TEST(CliParallel, BadCombinationsFailEveryRank) {
+  flex_test::TempDir tmp;
+  // Offloading flags belong to the single-process model.
+  auto r = mpirun(2, {"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                      tmp.str("x.safetensors"), "--tp", "2", "--device-map", "auto"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--device-map cannot be combined with --tp/--pp/--dp"), std::string::npos) << r.err;
+  // The product must match the job.
+  r = mpirun(2, {"inspect", flex_test::fixture("models/gpt2"), "--tp", "2", "--pp", "2"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("= 4 rank(s), but this job has 2"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.str("x.safetensors")));
+}
+#else
+TEST(CliParallel, NeedsMpirun) { GTEST_SKIP() << "built without MPI: no mpirun to run the parallel CLI"; }
+#endif
