@@ -10,8 +10,9 @@ bool nccl_available() { return false; }
 #else
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
+#ifdef FLEX_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
+#endif
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -25,6 +26,38 @@ namespace flex {
 bool nccl_available() { return true; }
 
 namespace {
+
+// Makes `device` current for a scope (the CUDA runtime's own call, so this
+// file needs no CUDA build of libtorch to compile and link).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device && cudaSetDevice(device) != cudaSuccess)
+      throw CommError("NcclCommunicator: cannot select CUDA device " + std::to_string(device));
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The stream collectives run on: PyTorch's current stream of `device` when
+// libtorch is a CUDA build (ordered after the kernels that produced the
+// tensors); otherwise the legacy default stream, which orders against every
+// blocking stream.
+cudaStream_t collective_stream(int device) {
+#ifdef FLEX_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+#else
+  (void)device;
+  return cudaStreamLegacy;
+#endif
+}
 
 // Movement treats every dtype as bytes; reductions need the element type.
 // NCCL has no int16 and no bool reduction: int16 is widened to int32, bool
@@ -70,7 +103,7 @@ class NcclCommunicator : public Communicator {
     }
     boot_->broadcast(id_bytes, 0);
     std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    DeviceScope scope(device_);
     check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
     boot_->barrier();
   }
@@ -325,8 +358,8 @@ class NcclCommunicator : public Communicator {
   // communicator is aborted so no kernel is left waiting for a dead peer.
   template <typename F>
   void run(const char* what, F&& enqueue) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    DeviceScope scope(device_);
+    cudaStream_t stream = collective_stream(device_);
     check(enqueue(stream), what);
     cudaEvent_t done;
     if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) fail<CommError>("cudaEventCreate failed");

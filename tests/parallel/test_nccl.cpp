@@ -1,5 +1,6 @@
-// NCCL backend with one rank (a LocalCommunicator bootstrap). Skipped unless
-// this build has NCCL (nccl.h + a CUDA libtorch) and a CUDA device is present.
+// NCCL backend with one rank (a LocalCommunicator bootstrap). The collectives
+// need a CUDA libtorch and a device; without them the backend (built whenever
+// nccl.h, libnccl and the CUDA runtime are found) must fail with a typed error.
 #include <flex/parallel/local_communicator.h>
 #include <flex/parallel/nccl_communicator.h>
 
@@ -36,5 +37,23 @@ TEST(Nccl, OneRankCollectives) {
   at::Tensor h = at::ones({3});
   c->all_reduce(h);
   EXPECT_TRUE(h.equal(at::ones({3})));
+#endif
+}
+
+TEST(Nccl, WithoutACudaDeviceCreationFailsWithATypedError) {
+#ifndef FLEX_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  if (at::hasCUDA()) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    auto c = make_nccl_communicator(std::make_shared<LocalCommunicator>(), 0);
+    // A GPU with a CPU-only libtorch: NCCL comes up, but no tensor can be CUDA.
+    EXPECT_STREQ(c->backend(), "nccl");
+  } catch (const flex::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("nccl") != std::string::npos || msg.find("NCCL") != std::string::npos ||
+                msg.find("CUDA") != std::string::npos)
+        << msg;
+  }
 #endif
 }
