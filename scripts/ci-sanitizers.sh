@@ -11,10 +11,10 @@
 #       (tests/reliability/test_threads.cpp, the local communicator, the
 #       streaming sink) with OMP_NUM_THREADS=1 (libgomp is not instrumented).
 #
-# flexcore_streaming_sink is left out of the ASan list: its kill test fork()s
-# without exec and the child can deadlock under ASan (reliability_crash_safe_writes
-# covers the same ground with fork+exec). Only a subset of the suite is sanitized: the whole suite under ASan does not
-# fit the 45-minute CI budget on 2 cores. FLEX_ASAN_TESTS / FLEX_TSAN_TESTS
+# The ASan build also builds the flexmodel tool: the bad-input catalogue's CLI
+# rows run it, and two CLI captures (in memory, and with blocks offloaded to
+# disk) run under LeakSanitizer. Only a subset of the suite is sanitized: the
+# whole suite under ASan does not fit the 45-minute CI budget on 2 cores. FLEX_ASAN_TESTS / FLEX_TSAN_TESTS
 # (space-separated test executable names) override the subsets; FLEX_ASAN_DIR /
 # FLEX_TSAN_DIR the build directories.
 set -euo pipefail
@@ -36,11 +36,11 @@ fi
 
 asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
   dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map
-  flexcore_flex_model models_tokenizer_errors models_tokenizer_gpt2 models_loading
+  flexcore_flex_model flexcore_streaming_sink models_tokenizer_errors models_tokenizer_gpt2 models_loading
   reliability_bad_inputs reliability_crash_safe_writes reliability_threads reliability_fuzz_regressions"}
 tsan_tests=${FLEX_TSAN_TESTS:-"reliability_threads parallel_local_comm flexcore_streaming_sink"}
 
-common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF -DFLEX_RELIABILITY_CLI=OFF
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFLEX_BUILD_BENCH=OFF
         "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
 # vptr and function checks need RTTI/type info of every library the objects
 # come from; libtorch is not built for them, so they only give false reports.
@@ -70,7 +70,7 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
   start=$(date +%s)
   cmake -S "$root" -B "$asan_dir" "${common[@]}" -DFLEX_FUZZ=ON "-DCMAKE_CXX_FLAGS=$asan_flags" >/dev/null
   # shellcheck disable=SC2086
-  ninja -C "$asan_dir" -j"$jobs" $asan_tests
+  ninja -C "$asan_dir" -j"$jobs" $asan_tests flexmodel
   echo "sanitizers: ASan+UBSan build took $(( $(date +%s) - start )) s"
   start=$(date +%s)
   # libtorch keeps some allocations for the life of the process (registries,
@@ -79,6 +79,20 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE run_tests "$asan_dir" $asan_tests || status=1
+  # The CLI capture path under LeakSanitizer: a leak, invalid access or UB fails it.
+  cli_tmp=$(mktemp -d)
+  fx=$root/tests/data/fixtures
+  for variant in memory disk; do
+    extra=()
+    [ "$variant" = disk ] && extra=(--device-map auto --max-memory cpu=240KB --offload-folder "$cli_tmp/offload")
+    if OMP_NUM_THREADS=2 "$asan_dir/tools/flexmodel" capture "$fx/models/gpt2" --input-ids "$fx/golden/inputs.safetensors" \
+         --hook all --out "$cli_tmp/cap-$variant.safetensors" "${extra[@]}" > "$asan_dir/cli-$variant.log" 2>&1; then
+      echo "sanitizers: flexmodel capture ($variant) clean under ASan+LSan"
+    else
+      echo "sanitizers: flexmodel capture ($variant) FAILED; log:"; tail -40 "$asan_dir/cli-$variant.log"; status=1
+    fi
+  done
+  rm -rf "$cli_tmp"
   echo "sanitizers: ASan+UBSan tests took $(( $(date +%s) - start )) s"
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then

@@ -25,15 +25,32 @@ mkdir -p "$build/fuzz-artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_odr_violation=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/fuzz/lsan.supp}
-status=0
-for t in $targets; do
+# Targets run side by side, one per core (each fuzzer is single-threaded).
+fuzz_one() {  # target -> 0 when clean
+  local t=$1
   mkdir -p "$scratch/$t"
   if OMP_NUM_THREADS=1 "$build/fuzz/fuzz_$t" "$scratch/$t" "$root/fuzz/corpus/$t" -max_total_time="$secs" \
        -rss_limit_mb=4096 -timeout=25 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" \
        ${FLEX_FUZZ_ARGS:-} > "$scratch/$t.log" 2>&1; then
     echo "fuzz-smoke: $t ok: $(grep -E '^stat::number_of_executed_units' "$scratch/$t.log" | awk '{print $2}') executions in ${secs} s"
   else
-    echo "fuzz-smoke: $t FAILED"; tail -40 "$scratch/$t.log"; status=1
+    echo "fuzz-smoke: $t FAILED"; tail -40 "$scratch/$t.log"; return 1
   fi
+}
+status=0
+parallel=${FLEX_FUZZ_PARALLEL:-$(nproc)}
+set -- $targets
+while [ $# -gt 0 ]; do
+  pids=()
+  for _ in $(seq "$parallel"); do
+    [ $# -gt 0 ] || break
+    fuzz_one "$1" > "$scratch/$1.result" 2>&1 &
+    pids+=("$!:$1")
+    shift
+  done
+  for p in "${pids[@]}"; do
+    wait "${p%%:*}" || status=1
+    cat "$scratch/${p#*:}.result"
+  done
 done
 exit $status
