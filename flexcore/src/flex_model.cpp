@@ -50,12 +50,19 @@ bool is_gradient_hook(HookType t) {
   return t == HookType::FullBackward || t == HookType::FullBackwardPre || t == HookType::Tensor;
 }
 
+// Gradient hooks need the single-process gradients: the tensor-parallel
+// model's backward gives them (tp_autograd.h), but there is no autograd
+// across pipeline stages or data-parallel gathers. Empty when allowed.
 std::string gradient_hook_refusal(const std::string& what, const DeviceMesh& mesh) {
-  return what + " under " + mesh.describe() +
-         ": gradient hooks are not supported over a parallel mesh, because the parallel model's backward "
-         "does not give the single-process gradients (no autograd across pipeline stages or data-parallel "
-         "gathers; tensor-parallel column layers do not all-reduce their input gradients), so a captured "
-         "gradient would silently differ. Capture gradients in a single process.";
+  std::string axis;
+  if (mesh.pp_size() > 1) axis = "pipeline parallel (pp=" + std::to_string(mesh.pp_size()) + ")";
+  if (mesh.dp_size() > 1)
+    axis += (axis.empty() ? "" : " and ") + std::string("data parallel (dp=") + std::to_string(mesh.dp_size()) + ")";
+  if (axis.empty()) return "";
+  return what + " under " + mesh.describe() + ": gradient hooks are supported under tensor parallelism only (pp=1, "
+         "dp=1); with " + axis + " the model's backward does not give the single-process gradients (no autograd "
+         "across pipeline stages or data-parallel gathers), so a captured gradient would silently differ. Capture "
+         "gradients in a single process or over a tensor-parallel mesh.";
 }
 
 // An edited activation under a mesh: the same values, but a backward that
@@ -176,9 +183,11 @@ bool FlexModel::distributed() const { return parallel_ && parallel_->mesh().shap
 void FlexModel::set_router(std::shared_ptr<ActivationRouter> router) {
   auto parallel = std::dynamic_pointer_cast<ParallelRouter>(router);
   if (parallel && parallel->mesh().shape().size() > 1) {
-    for (const auto& e : entries_)
-      if (is_gradient_hook(e->hook->type()))
-        throw UnsupportedError(gradient_hook_refusal(e->hook->describe(), parallel->mesh()));
+    for (const auto& e : entries_) {
+      if (!is_gradient_hook(e->hook->type())) continue;
+      const std::string refusal = gradient_hook_refusal(e->hook->describe(), parallel->mesh());
+      if (!refusal.empty()) throw UnsupportedError(refusal);
+    }
   }
   router_ = std::move(router);
   parallel_ = std::move(parallel);
@@ -253,9 +262,11 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
   if (find_entry(hook.get()))
     throw ConfigError(hook->describe() + " is already registered with this FlexModel");
   const std::string& name = hook->module_name();
-  if (distributed() && is_gradient_hook(type))
-    throw UnsupportedError(gradient_hook_refusal(std::string(hook_type_name(type)) + " hook on '" + name + "'",
-                                                 parallel_->mesh()));
+  if (distributed() && is_gradient_hook(type)) {
+    const std::string refusal =
+        gradient_hook_refusal(std::string(hook_type_name(type)) + " hook on '" + name + "'", parallel_->mesh());
+    if (!refusal.empty()) throw UnsupportedError(refusal);
+  }
   hook->type_ = type;
   auto e = std::make_shared<Entry>();
   e->hook = hook;

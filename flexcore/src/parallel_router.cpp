@@ -49,12 +49,49 @@ ShardSpec ParallelRouter::output_spec(const Module& m) const {
   return ShardSpec::replicated();
 }
 
+std::optional<ModuleSharding> ParallelRouter::sharding(const Module& m) const {
+  if (layout_) return layout_->sharding_of(m);
+  if (auto* s = dynamic_cast<const ShardedModule*>(&m)) return s->sharding();
+  return std::nullopt;
+}
+
+ShardSpec ParallelRouter::hook_spec(const HookFunction& hook, const Module& m) const {
+  switch (hook.type()) {
+    case HookType::Forward: return output_spec(m);
+    case HookType::ForwardPre: {
+      const auto s = sharding(m);
+      return s ? s->input : ShardSpec::replicated();
+    }
+    case HookType::FullBackwardPre: {
+      // The gradient of a partial sum is the whole output's gradient, on every rank.
+      const ShardSpec out = output_spec(m);
+      return out.is_partial_sum() ? ShardSpec::replicated() : out;
+    }
+    case HookType::FullBackward: {
+      const auto s = sharding(m);
+      if (!s) return ShardSpec::replicated();
+      return s->input_grad ? *s->input_grad : s->input;
+    }
+    case HookType::Tensor: {
+      const auto s = sharding(m);
+      const std::string& name = hook.module_name();
+      const size_t dot = name.rfind('.');
+      const std::string local = dot == std::string::npos ? name : name.substr(dot + 1);
+      if (!s || !s->params.count(local)) return ShardSpec::replicated();
+      // A PartialSum parameter (row-parallel bias on rank 0) gets the whole gradient on every rank.
+      const ShardSpec p = s->params.at(local);
+      return p.is_partial_sum() ? ShardSpec::replicated() : p;
+    }
+  }
+  return output_spec(m);
+}
+
 at::Tensor ParallelRouter::gather(const HookFunction& hook, Module& module, const at::Tensor& local) {
   // Detached with more than one rank, whatever the sharding, so a loss on an
   // editing function's result trains trainable modules alike on every mesh.
   at::Tensor t = mesh_.shape().size() > 1 ? local.detach() : local;
   if (mesh_.tp_size() > 1) {
-    const ShardSpec spec = output_spec(module);
+    const ShardSpec spec = hook_spec(hook, module);
     if (!spec.is_replicated()) {
       try {
         t = all_gather_whole(spec, local.detach(), *mesh_.tp_group());
@@ -86,7 +123,7 @@ at::Tensor ParallelRouter::scatter(const HookFunction& hook, Module& module, con
     t = t.narrow(0, start, it->second[r]);
   }
   if (mesh_.tp_size() > 1) {
-    const ShardSpec spec = output_spec(module);
+    const ShardSpec spec = hook_spec(hook, module);
     if (!spec.is_replicated()) t = shard_of(spec, t, mesh_.tp_rank(), mesh_.tp_size());
   }
   return t.contiguous();

@@ -8,6 +8,7 @@
 #include <flex/models/gpt_neox.h>
 #include <flex/models/llama.h>
 #include <flex/models/parallel_lm.h>
+#include <flex/parallel/tp_autograd.h>
 
 #include <ATen/ATen.h>
 
@@ -15,20 +16,17 @@ namespace flex {
 
 namespace {
 
-// Sums a row-parallel projection's partial outputs over the tp group. A
-// ModelHook's post_forward runs after the module's forward hooks, so
-// FlexModel hooks see (and may edit) the partial sum, as declared.
+// Sums a row-parallel projection's partial outputs over the tp group
+// (reduce_from_tp_region: the gradient of the sum goes to each partial
+// unchanged). A ModelHook's post_forward runs after the module's forward
+// hooks, so FlexModel hooks see (and may edit) the partial sum, as declared.
 class AllReduceHook : public ModelHook {
  public:
   explicit AllReduceHook(std::shared_ptr<Communicator> tp) : tp_(std::move(tp)) {}
   Value post_forward(Module& module, Value output) override {
     if (!output.isTensor())
       throw ConfigError("row-parallel " + module.class_name() + " returned a non-tensor " + output.tagKind());
-    at::Tensor t = output.toTensor();
-    at::Tensor sum = t.detach().contiguous().clone();
-    tp_->all_reduce(sum, ReduceOp::Sum);
-    // Keep the autograd path through this rank's contribution.
-    return t.requires_grad() ? Value(t + (sum - t.detach())) : Value(sum);
+    return reduce_from_tp_region(output.toTensor(), tp_);
   }
   std::string name() const override { return "AllReduceHook"; }
 
@@ -36,9 +34,33 @@ class AllReduceHook : public ModelHook {
   std::shared_ptr<Communicator> tp_;
 };
 
+// Marks the (replicated) input of a column-parallel projection with
+// copy_to_tp_region: each rank's input gradient covers only its output
+// features, so the backward sums them into the single-process gradient.
+// Runs before the module's forward-pre hooks, so a FlexModel backward hook
+// on the module sees this rank's partial input gradient (declared PartialSum
+// in the layout's gradient spec; the router reduces it).
+class CopyToTpHook : public ModelHook {
+ public:
+  explicit CopyToTpHook(std::shared_ptr<Communicator> tp) : tp_(std::move(tp)) {}
+  Inputs pre_forward(Module& module, Inputs inputs) override {
+    if (inputs.args.empty() || !inputs.args[0].isTensor())
+      throw ConfigError("column-parallel " + module.class_name() + " expects a tensor as its first argument");
+    inputs.args[0] = copy_to_tp_region(inputs.args[0].toTensor(), tp_);
+    return inputs;
+  }
+  std::string name() const override { return "CopyToTpHook"; }
+
+ private:
+  std::shared_ptr<Communicator> tp_;
+};
+
+// Column-parallel: CopyToTpHook runs before the module's hooks, so the input
+// gradient a backward hook sees is this rank's partial sum.
 ModuleSharding column(ShardSpec out, ShardSpec weight, ShardSpec bias) {
   ModuleSharding s;
   s.input = ShardSpec::replicated();
+  s.input_grad = ShardSpec::partial_sum();
   s.output = std::move(out);
   s.params["weight"] = std::move(weight);
   s.params["bias"] = std::move(bias);
@@ -55,8 +77,10 @@ ModuleSharding row(ShardSpec weight, int64_t unit) {
   return s;
 }
 
+// Elementwise modules and hook points: the input is spread like the output.
 ModuleSharding output_only(ShardSpec out) {
   ModuleSharding s;
+  s.input = out;
   s.output = std::move(out);
   return s;
 }
@@ -72,6 +96,10 @@ std::shared_ptr<T> cast_block(const std::shared_ptr<Module>& m, int64_t i) {
 
 void ParallelCausalLM::row_parallel(Module& m) {
   if (mesh_.tp_size() > 1) add_hook_to_module(m, std::make_shared<AllReduceHook>(mesh_.tp_group()), false);
+}
+
+void ParallelCausalLM::column_parallel(Module& m) {
+  if (mesh_.tp_size() > 1) add_hook_to_module(m, std::make_shared<CopyToTpHook>(mesh_.tp_group()), false);
 }
 
 void ParallelCausalLM::shard_block(int64_t i) {
@@ -96,6 +124,7 @@ void ParallelCausalLM::shard_block(int64_t i) {
     block->attn = block->replace_module("attn", attn);
     const std::vector<int64_t> qkv{c, c, c};
     declare(*attn->c_attn, column(ShardSpec::fused(-1, qkv, d), ShardSpec::fused(1, qkv, d), ShardSpec::fused(0, qkv, d)));
+    column_parallel(*attn->c_attn);
     declare(*attn->c_proj, row(split(0, d), d));
     row_parallel(*attn->c_proj);
     declare(*attn->attn_dropout, output_only(split(1)));
@@ -105,6 +134,7 @@ void ParallelCausalLM::shard_block(int64_t i) {
     mlp.c_fc = mlp.replace_module("c_fc", std::make_shared<Conv1D>(il, c, topts));
     mlp.c_proj = mlp.replace_module("c_proj", std::make_shared<Conv1D>(c, il, topts));
     declare(*mlp.c_fc, column(split(-1), split(1), split(0)));
+    column_parallel(*mlp.c_fc);
     declare(*mlp.act, output_only(split(-1)));
     declare(*mlp.c_proj, row(split(0), 1));
     row_parallel(*mlp.c_proj);
@@ -112,8 +142,10 @@ void ParallelCausalLM::shard_block(int64_t i) {
     auto block = cast_block<LlamaDecoderLayer>(blocks_[i], i);
     auto attn = std::make_shared<LlamaAttention>(lc, i, topts);  // q/k/v/o already this rank's shapes
     block->self_attn = block->replace_module("self_attn", attn);
-    for (auto* p : {&attn->q_proj, &attn->k_proj, &attn->v_proj})
+    for (auto* p : {&attn->q_proj, &attn->k_proj, &attn->v_proj}) {
       declare(**p, column(split(-1, d), split(0, d), split(0, d)));
+      column_parallel(**p);
+    }
     declare(*attn->o_proj, row(split(1, d), d));
     row_parallel(*attn->o_proj);
     declare(*attn->hook_attn_probs, output_only(split(1)));
@@ -124,6 +156,8 @@ void ParallelCausalLM::shard_block(int64_t i) {
     mlp.down_proj = mlp.replace_module("down_proj", std::make_shared<Linear>(il, c, cfg.mlp_bias, topts));
     declare(*mlp.gate_proj, column(split(-1), split(0), split(0)));
     declare(*mlp.up_proj, column(split(-1), split(0), split(0)));
+    column_parallel(*mlp.gate_proj);
+    column_parallel(*mlp.up_proj);
     declare(*mlp.act_fn, output_only(split(-1)));
     declare(*mlp.down_proj, row(split(1), 1));
     row_parallel(*mlp.down_proj);
@@ -137,6 +171,7 @@ void ParallelCausalLM::shard_block(int64_t i) {
     block->attention = block->replace_module("attention", attn);
     declare(*attn->query_key_value,
             column(ShardSpec::interleaved_heads(-1, 3 * d), split(0, 3 * d), split(0, 3 * d)));
+    column_parallel(*attn->query_key_value);
     declare(*attn->dense, row(split(1, d), d));
     row_parallel(*attn->dense);
     declare(*attn->hook_attn_probs, output_only(split(1)));
@@ -145,6 +180,7 @@ void ParallelCausalLM::shard_block(int64_t i) {
     mlp.dense_h_to_4h = mlp.replace_module("dense_h_to_4h", std::make_shared<Linear>(c, il, true, topts));
     mlp.dense_4h_to_h = mlp.replace_module("dense_4h_to_h", std::make_shared<Linear>(il, c, true, topts));
     declare(*mlp.dense_h_to_4h, column(split(-1), split(0), split(0)));
+    column_parallel(*mlp.dense_h_to_4h);
     declare(*mlp.act, output_only(split(-1)));
     declare(*mlp.dense_4h_to_h, row(split(1), 1));
     row_parallel(*mlp.dense_4h_to_h);

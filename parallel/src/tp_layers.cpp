@@ -1,4 +1,5 @@
 #include <flex/hooks/empty_init.h>
+#include <flex/parallel/tp_autograd.h>
 #include <flex/parallel/tp_layers.h>
 
 #include <ATen/ATen.h>
@@ -34,19 +35,6 @@ void init_uniform(at::Tensor& t, int64_t fan_in) {
   at::NoGradGuard guard;
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
   t.uniform_(-bound, bound);
-}
-
-// all_reduce(sum) whose backward is the identity (every rank receives the
-// same upstream gradient, so d(sum)/d(own partial) passes it through).
-// `partial + 0` keeps the reduced values bit for bit.
-at::Tensor all_reduce_sum(at::Tensor partial, Communicator& comm) {
-  if (!partial.requires_grad()) {
-    comm.all_reduce(partial, ReduceOp::Sum);
-    return partial;
-  }
-  at::Tensor reduced = partial.detach().clone();
-  comm.all_reduce(reduced, ReduceOp::Sum);
-  return reduced + (partial - partial.detach());
 }
 
 }  // namespace
@@ -115,11 +103,10 @@ at::Tensor ColumnParallelLinear::compute_local(const at::Tensor& x) const {
 }
 
 Value ColumnParallelLinear::forward(Inputs inputs) {
-  at::Tensor local = compute_local(inputs.tensor(0));
+  // Each rank's input gradient covers only its output features: summed in backward.
+  at::Tensor local = compute_local(copy_to_tp_region(inputs.tensor(0), tp_));
   if (!options.gather_output) return local;
-  auto pieces = tp_->all_gather(local.detach());
-  pieces[tp_rank()] = local;  // same values, keeps the autograd path to this rank's piece
-  return assemble(out_spec(), pieces);
+  return gather_from_tp_region(local, out_spec(), tp_);
 }
 
 ModuleSharding ColumnParallelLinear::sharding() const {
@@ -184,13 +171,13 @@ Value RowParallelLinear::forward(Inputs inputs) {
       throw ShapeError(class_name() + ": input has " + std::to_string(x.size(-1)) + " features, expected " +
                        std::to_string(in_features) + " (input shape " + shape_str(x.sizes()) + ")");
     }
-    x = shard_of(ShardSpec::split(-1, options.unit), x, tp_rank(), tp_size());
+    x = scatter_to_tp_region(x, ShardSpec::split(-1, options.unit), tp_);
   }
   if (!options.reduce_output) return compute_local(x);
   check_row_input(*this, tp_rank(), x);
   // Bias after the reduction, so it is added exactly once.
   at::Tensor partial = options.conv1d_layout ? at::matmul(x, weight) : at::linear(x, weight);
-  at::Tensor y = all_reduce_sum(partial, *tp_);
+  at::Tensor y = reduce_from_tp_region(partial, tp_);
   return bias.defined() ? y + bias : y;
 }
 
@@ -247,7 +234,7 @@ at::Tensor VocabParallelEmbedding::compute_local(const at::Tensor& ids) const {
 }
 
 Value VocabParallelEmbedding::forward(Inputs inputs) {
-  return all_reduce_sum(compute_local(inputs.tensor(0)), *tp_);
+  return reduce_from_tp_region(compute_local(inputs.tensor(0)), tp_);
 }
 
 ModuleSharding VocabParallelEmbedding::sharding() const {

@@ -82,6 +82,69 @@ TEST(TensorParallel, ColumnRowMlpForwardAndBackward) {
   EXPECT_TRUE(at::allclose(down.bias.grad(), at::ones({3, 8}).sum(0)));
 }
 
+// A loss computed identically on every rank backpropagates through the
+// autograd-aware collectives (tp_autograd.h) to the single-process gradients:
+// whole input gradients on every rank, each rank's slice of the weights'.
+TEST(TensorParallel, AutogradGivesSingleProcessInputAndParameterGradients) {
+  auto tp = world();
+  const int r = tp->rank(), n = tp->size();
+  const at::Tensor W1 = seeded(30, {16, 8}), b1 = seeded(31, {16}), W2 = seeded(32, {8, 16}), b2 = seeded(33, {8});
+  const at::Tensor x0 = seeded(34, {3, 8}), w = seeded(35, {3, 8});
+  // Column -> row MLP: the input gradient needs the column layer's all-reduce.
+  ColumnParallelLinear up(8, 16, tp);
+  RowParallelLinear down(16, 8, tp);
+  up.load_shard("weight", W1);
+  up.load_shard("bias", b1);
+  down.load_shard("weight", W2);
+  down.load_shard("bias", b2);
+  const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
+  const at::Tensor W1r = W1.clone().requires_grad_(), b1r = b1.clone().requires_grad_();
+  (down(at::gelu(up(x))) * w).sum().backward();
+  (at::linear(at::gelu(at::linear(xr, W1r, b1r)), W2, b2) * w).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(at::allclose(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(up.bias.grad(), shard_of(ShardSpec::split(0), b1r.grad(), r, n), 1e-5, 1e-5));
+
+  // Gathered column output (the logits head): backward takes this rank's slice.
+  ColumnParallelLinear::Options o;
+  o.gather_output = true;
+  ColumnParallelLinear head(8, 16, tp, o);
+  head.load_shard("weight", W1);
+  head.load_shard("bias", b1);
+  const at::Tensor wh = seeded(36, {3, 16});
+  const at::Tensor x2 = x0.clone().requires_grad_(), x2r = x0.clone().requires_grad_();
+  const at::Tensor W1h = W1.clone().requires_grad_();
+  (head(x2).pow(2) * wh).sum().backward();
+  (at::linear(x2r, W1h, b1).pow(2) * wh).sum().backward();
+  EXPECT_TRUE(at::allclose(x2.grad(), x2r.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(at::allclose(head.weight.grad(), shard_of(ShardSpec::split(0), W1h.grad(), r, n), 1e-5, 1e-5));
+
+  // Row layer on a whole input: the input gradient is all-gathered back.
+  RowParallelLinear::Options ro;
+  ro.input_is_parallel = false;
+  RowParallelLinear row(16, 8, tp, ro);
+  row.load_shard("weight", W2);
+  row.load_shard("bias", b2);
+  const at::Tensor z0 = seeded(37, {3, 16});
+  const at::Tensor z = z0.clone().requires_grad_(), zr = z0.clone().requires_grad_();
+  const at::Tensor W2r = W2.clone().requires_grad_(), b2r = b2.clone().requires_grad_();
+  (row(z).tanh() * w).sum().backward();
+  (at::linear(zr, W2r, b2r).tanh() * w).sum().backward();
+  EXPECT_TRUE(at::allclose(z.grad(), zr.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(at::allclose(row.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(row.bias.grad(), b2r.grad(), 1e-5, 1e-5));  // the bias is whole on every rank
+
+  // Vocab-parallel embedding: each rank's rows get their part of the gradient.
+  const at::Tensor E = seeded(38, {10, 4}), ids = at::tensor({0, 9, 3, 4, 7, 2, 5, 9}, at::kLong).view({2, 4});
+  const at::Tensor we = seeded(39, {2, 4, 4});
+  VocabParallelEmbedding emb(10, 4, tp);
+  emb.load_shard("weight", E);
+  const at::Tensor Er = E.clone().requires_grad_();
+  (emb(ids).sin() * we).sum().backward();
+  (at::embedding(Er, ids).sin() * we).sum().backward();
+  EXPECT_TRUE(at::allclose(emb.weight.grad(), shard_of(ShardSpec::split(0), Er.grad(), r, n), 1e-5, 1e-5));
+}
+
 TEST(TensorParallel, RowFromWholeInputAndPartialSums) {
   auto tp = world();
   const at::Tensor W = seeded(12, {5, 12}), b = seeded(13, {5}), x = seeded(14, {4, 12});

@@ -26,13 +26,21 @@
 //
 // Under a mesh of more than one rank an editing function sees a detached
 // whole activation: a loss on what it computes trains the trainable modules
-// but does not reach the model below the hook. Gradients cannot come back
-// from the model's outputs (e.g. a loss on the logits) into an edit: the
-// parallel model's backward does not reproduce single-process gradients (no
-// autograd across pipeline stages or data-parallel gathers; tensor-parallel
-// inputs of column-parallel layers do not all-reduce their gradients), so
-// such a backward raises UnsupportedError, and gradient hooks (backward,
-// backward-pre, tensor) are refused under such a mesh for the same reason.
+// but does not reach the model below the hook, and a backward from the
+// model's outputs (e.g. a loss on the logits) into an edit raises
+// UnsupportedError.
+//
+// Gradients under a mesh: with tensor parallelism only (pp == 1, dp == 1) a
+// loss computed identically on every rank from the whole logits
+// backpropagates to every rank's parameter shards with the single-process
+// gradient slices (the parallel model's collectives are autograd-aware,
+// flex/parallel/tp_autograd.h), and gradient hooks (backward, backward-pre,
+// tensor) are allowed: they see (and may edit) the whole single-process
+// gradient, rank 0 keeps the captures; the backward is collective (every
+// rank must run it). With pp > 1 or dp > 1 there is no autograd across
+// pipeline stages or data-parallel gathers, so gradient hooks are refused
+// (UnsupportedError naming the axis) and parameter gradients are not the
+// single-process ones.
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/flexcore/hook_function.h>
@@ -62,8 +70,8 @@ class FlexModel {
 
   // --- registration: each returns a handle whose remove() detaches that hook ---------
   /// Unknown module (or parameter) names fail here, naming the closest ones.
-  /// Gradient hooks (backward, backward-pre, tensor) under a mesh of more
-  /// than one rank: UnsupportedError (see the top of this file).
+  /// Gradient hooks (backward, backward-pre, tensor) under a mesh with
+  /// pp > 1 or dp > 1: UnsupportedError (see the top of this file).
   HookHandle register_forward_hook(const HookFunctionPtr& hook);
   HookHandle register_forward_pre_hook(const HookFunctionPtr& hook);
   HookHandle register_full_backward_hook(const HookFunctionPtr& hook);
@@ -133,7 +141,8 @@ class FlexModel {
   void set_sink(std::shared_ptr<ActivationSink> sink);
   /// Installs the router (null: single process). A ParallelRouter makes the
   /// trainable modules already registered identical on every rank
-  /// (collective) and refuses gradient hooks (UnsupportedError), as set_mesh.
+  /// (collective) and refuses gradient hooks when pp > 1 or dp > 1
+  /// (UnsupportedError), as set_mesh.
   void set_router(std::shared_ptr<ActivationRouter> router);
   /// Runs over `mesh` (every mesh rank wraps the same model and calls the same
   /// methods): installs a ParallelRouter using `layout` (the model's declared

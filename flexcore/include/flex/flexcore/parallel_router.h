@@ -21,15 +21,26 @@
 //    0's ranks, fetched from the stage that holds it (the others hold it on
 //    meta); row-parallel biases held by tp rank 0 alone are declared
 //    PartialSum, so the gather sums them back.
+//  - What a hook sees over tp: forward hooks the module's output spec,
+//    forward-pre hooks its input spec; gradient hooks (only allowed with
+//    pp == 1 and dp == 1, see FlexModel) the gradient's spread: grad_output
+//    like the output (the gradient of a partial sum is whole on every rank),
+//    grad_input like the input (PartialSum where the module declares
+//    input_grad so: column projections whose input copy_to_tp_region runs
+//    before the hooks), a parameter's gradient like the parameter (whole on
+//    every rank for replicated and PartialSum parameters). An edited
+//    gradient is scattered back the same way (PartialSum: rank 0 keeps it,
+//    the others zeros, and copy_to_tp_region's backward sums them).
 // With more than one rank the whole tensor an editing function sees is
-// detached (the parallel model's backward cannot carry a gradient from it
-// back to the model below the hook); FlexModel refuses gradient hooks there.
+// detached (an edit's result carries no gradient back into the model below
+// the hook; FlexModel raises UnsupportedError when a backward reaches it).
 #include <flex/flexcore/activation_router.h>
 #include <flex/flexcore/activation_sink.h>
 #include <flex/parallel/activation_layout.h>
 #include <flex/parallel/device_mesh.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -74,6 +85,9 @@ class ParallelRouter : public ActivationRouter {
 
  private:
   ShardSpec output_spec(const Module& m) const;
+  std::optional<ModuleSharding> sharding(const Module& m) const;
+  /// How the tensor `hook` sees is spread over tp (see the header comment).
+  ShardSpec hook_spec(const HookFunction& hook, const Module& m) const;
   DeviceMesh mesh_;
   std::shared_ptr<const ActivationLayout> layout_;
   // Rows each dp rank contributed at the last gather of a hook (for scatter).

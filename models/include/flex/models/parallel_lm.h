@@ -34,7 +34,18 @@
 // over the stages; its hooks fire on the last stage, around the whole
 // (embeddings .. final norm), with output element 0 = the final hidden state.
 //
-// Limits: no KV cache, no hidden_states output, no autograd across stages.
+// Autograd: with tensor parallelism only (pp == 1, dp == 1) backward gives
+// the single-process gradients: column projections' inputs pass
+// copy_to_tp_region (a ModelHook run before the module's hooks; the input
+// gradient is summed over the ranks), row projections' partial sums
+// reduce_from_tp_region, the embedding's lookup is reduced and the head's
+// logits gathered by autograd-aware collectives (flex/parallel/tp_autograd.h).
+// Replicated parameters and row-parallel biases then get the whole gradient
+// on every rank, split parameters their slice. GPT-2's tied lm_head/wte are
+// two tensors here: their gradients sum to the tied single-process gradient.
+//
+// Limits: no KV cache, no hidden_states output, no autograd across pipeline
+// stages or data-parallel gathers.
 #include <flex/models/causal_lm.h>
 #include <flex/parallel/activation_layout.h>
 #include <flex/parallel/device_mesh.h>
@@ -90,6 +101,7 @@ class ParallelCausalLM : public Module {
   void shard_block(int64_t index);
   void declare(const Module& m, ModuleSharding s) { layout_->declare(m, std::move(s)); }
   void row_parallel(Module& m);
+  void column_parallel(Module& m);
 
   std::shared_ptr<CausalLM> skeleton_;
   DeviceMesh mesh_;

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,11 @@ struct ModuleSharding {
   ShardSpec input;                          // how forward expects its first input
   ShardSpec output;                         // how forward's output is spread over the ranks
   std::map<std::string, ShardSpec> params;  // by local parameter name
+  /// How the gradient w.r.t. the first input is spread when a backward hook
+  /// on the module sees it; unset: like `input`. PartialSum where the input's
+  /// copy_to_tp_region runs before the module's hooks (each rank then sees
+  /// only its output features' contribution).
+  std::optional<ShardSpec> input_grad;
 };
 
 /// Base of the tensor-parallel layers; flexcore finds them by dynamic_cast.
@@ -48,6 +54,9 @@ class ShardedModule : public Module {
 
 /// y = x W^T + b with the output features split over the ranks.
 /// Local output: [..., local_out]; with gather_output the whole [..., out].
+/// Autograd: the input passes copy_to_tp_region (its gradient is summed over
+/// the ranks) and the gathered output gather_from_tp_region, so backward
+/// gives the single-process gradients (tp_autograd.h).
 class ColumnParallelLinear : public ShardedModule {
  public:
   struct Options {
@@ -84,7 +93,8 @@ class ColumnParallelLinear : public ShardedModule {
 
 /// y = x W^T + b with the input features split over the ranks: each rank
 /// multiplies its input slice by its weight columns, the partial sums are
-/// all-reduced, and the bias is added once.
+/// all-reduced (reduce_from_tp_region), and the bias is added once. A whole
+/// input (input_is_parallel false) is sliced by scatter_to_tp_region.
 class RowParallelLinear : public ShardedModule {
  public:
   struct Options {
@@ -115,7 +125,8 @@ class RowParallelLinear : public ShardedModule {
 };
 
 /// Embedding whose vocabulary rows are split over the ranks: each rank looks
-/// up the ids it owns (zeros for the others) and the results are all-reduced.
+/// up the ids it owns (zeros for the others) and the results are all-reduced
+/// (reduce_from_tp_region: each rank's rows get the whole output gradient).
 /// Ids outside [0, num_embeddings) give ShapeError on every rank.
 class VocabParallelEmbedding : public ShardedModule {
  public:
