@@ -41,6 +41,13 @@ struct Mesh {
 
 const std::vector<Mesh> kMeshes = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}};
 
+/// The golden forward a fixture model folder must reproduce.
+std::string golden_for(const std::string& model) {
+  if (model == "llama-sharded") return "llama";               // same weights, sharded checkpoint
+  if (model == "llama-bf16") return "llama-bf16-as-f32";      // bf16 weights, run in float32
+  return model;
+}
+
 class CliParallelCapture : public ::testing::TestWithParam<std::tuple<std::string, Mesh>> {};
 
 /// A tiny GPT-2 folder with a tokenizer (4 heads: splits over tp=2).
@@ -69,17 +76,25 @@ TEST_P(CliParallelCapture, HookAllReproducesGolden) {
   EXPECT_TRUE(r.out.empty()) << r.out;
   // Only rank 0 reports.
   EXPECT_EQ(cli_test::count_lines(r.err), 1) << r.err;
-  expect_matches_golden(tmp.str("cap.safetensors"), model);
+  expect_matches_golden(tmp.str("cap.safetensors"), golden_for(model));
 }
 
+static std::string case_name(const ::testing::TestParamInfo<std::tuple<std::string, Mesh>>& info) {
+  std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param).name();
+  for (auto& c : s)
+    if (c == '-') c = '_';
+  return s;
+}
+
+// The three architectures on every mesh; the other fixtures (tied Llama-3 rope,
+// sharded checkpoint, bf16 weights) at tp=2 and at pp=2 x dp=2.
 INSTANTIATE_TEST_SUITE_P(Models, CliParallelCapture,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "gpt-neox"), ::testing::ValuesIn(kMeshes)),
-                         [](const auto& info) {
-                           std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param).name();
-                           for (auto& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(MoreFixtures, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("llama3-rope-tied", "llama-sharded", "llama-bf16"),
+                                            ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 2})),
+                         case_name);
 
 TEST(CliParallel, StreamDirUnderTensorAndPipelineParallel) {
   flex_test::TempDir tmp;

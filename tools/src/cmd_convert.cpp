@@ -3,6 +3,7 @@
 // config and the tokenizer files are copied along.
 #include "cli.h"
 
+#include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/offload_folder.h>
 #include <flex/dispatch/sharded_writer.h>
@@ -34,22 +35,6 @@ const std::vector<Flag>& convert_flags() {
     return f;
   }();
   return flags;
-}
-
-void copy_file_atomic(const fs::path& from, const fs::path& to) {
-  const fs::path tmp = to.string() + ".tmp";
-  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
-  fs::rename(tmp, to);
-}
-
-void write_text_atomic(const fs::path& to, const std::string& text) {
-  const fs::path tmp = to.string() + ".tmp";
-  {
-    std::ofstream o(tmp);
-    o << text;
-    if (!o) throw IOError("cannot write '" + tmp.string() + "'");
-  }
-  fs::rename(tmp, to);
 }
 
 }  // namespace
@@ -107,10 +92,13 @@ int run_convert(const std::vector<std::string>& argv) {
     throw FileFormatError("'" + (fs::path(dir) / "config.json").string() + "' is not valid JSON: " + e.what());
   }
   if (dtype) cfg["torch_dtype"] = torch_dtype_name(*dtype);
-  write_text_atomic(fs::path(*out) / "config.json", cfg.dump(2) + "\n");
+  // Every file goes through AtomicFile (temp name, fsync, rename): a failure
+  // leaves no half-written file and raises IOError naming it.
+  write_file_atomic((fs::path(*out) / "config.json").string(), cfg.dump(2) + "\n");
   for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "vocab.json", "merges.txt", "tokenizer.model"})
-    if (fs::exists(fs::path(dir) / name)) copy_file_atomic(fs::path(dir) / name, fs::path(*out) / name);
+    if (fs::exists(fs::path(dir) / name))
+      write_file_atomic((fs::path(*out) / name).string(), read_file((fs::path(dir) / name).string()));
   if (log_level() >= LogLevel::Warn)
     std::cerr << "flexmodel: wrote " << tensors.size() << " tensors to " << *out << (offload ? " (offload folder)" : "") << "\n";
   return 0;
