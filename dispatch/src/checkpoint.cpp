@@ -78,7 +78,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string resolve_folder(const fs::path& dir) {
   for (const char* name : {"pytorch_model.bin", "model.safetensors"})
-    if (fs::is_regular_file(dir / name)) return (dir / name).string();
+    if (std::error_code ec; fs::is_regular_file(dir / name, ec)) return (dir / name).string();
   std::vector<std::string> indexes;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && ends_with(e.path().filename().string(), ".index.json"))
@@ -122,8 +122,12 @@ std::vector<std::pair<std::string, std::string>> read_index(const std::string& p
 
 Checkpoint Checkpoint::open(const std::string& path_in) {
   fs::path path = fs::absolute(path_in).lexically_normal();
-  if (!fs::exists(path)) throw IOError("checkpoint " + path.string() + " does not exist");
-  std::string file = fs::is_directory(path) ? resolve_folder(path) : path.string();
+  // error_code overloads: a path the OS refuses (too long, no permission)
+  // must give a typed error naming it, not std::filesystem_error.
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw IOError("checkpoint " + path.string() + (ec ? " cannot be read: " + ec.message() : " does not exist"));
+  std::string file = fs::is_directory(path, ec) ? resolve_folder(path) : path.string();
 
   auto impl = std::make_shared<Impl>();
   impl->source = file;
@@ -136,9 +140,9 @@ Checkpoint Checkpoint::open(const std::string& path_in) {
     }
     if (index_keys.empty()) throw FileFormatError("index " + file + " lists no tensors");
     for (const auto& kv : index_keys)
-      if (!fs::is_regular_file(kv.first))
+      if (std::error_code sec; !fs::is_regular_file(kv.first, sec))
         throw NotFoundError("index " + file + " points at shard " + kv.first + " (for '" + kv.second.front() +
-                            "'), which does not exist");
+                            "'), which " + (sec ? "cannot be read: " + sec.message() : std::string("does not exist")));
   } else {
     index_keys[file] = {};
   }

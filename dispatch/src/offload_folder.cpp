@@ -140,9 +140,11 @@ namespace {
 std::string resolve_safetensors(const std::string& folder, const std::string& file) {
   // Accelerate opens the path as given (relative to the working directory);
   // a path relative to the offload folder is accepted as well.
-  if (fs::path(file).is_absolute() || fs::exists(file)) return file;
+  // error_code overloads: a name the OS refuses (too long) is simply not found.
+  std::error_code ec;
+  if (fs::path(file).is_absolute() || fs::exists(file, ec)) return file;
   fs::path in_folder = fs::path(folder) / file;
-  return fs::exists(in_folder) ? in_folder.string() : file;
+  return fs::exists(in_folder, ec) ? in_folder.string() : file;
 }
 
 at::Tensor from_safetensors(const SafetensorsFile& f, const std::string& folder, const std::string& name,

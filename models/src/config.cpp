@@ -28,8 +28,12 @@ struct Reader {
   }
   int64_t integer(const json& v, const std::string& field) const {
     if (v.is_number_integer()) return v.get<int64_t>();
-    // Some configs write sizes as 64.0.
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return static_cast<int64_t>(v.get<double>());
+    // Some configs write sizes as 64.0. Only whole numbers an int64 holds
+    // exactly (|x| <= 2^53) convert; a cast of 7.8e48 would be undefined.
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::floor(d) == d && std::fabs(d) <= 9007199254740992.0) return static_cast<int64_t>(d);
+    }
     fail(field, "must be an integer, got " + v.dump());
   }
   int64_t required_int(const std::string& field) const {

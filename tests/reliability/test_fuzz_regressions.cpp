@@ -7,6 +7,9 @@
 #include <flex/dispatch/offload_folder.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
+#include <flex/models/config.h>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -86,3 +89,45 @@ TEST(FuzzRegressions, DeviceMapsClean) {
     for (const auto& [key, dev] : m) EXPECT_EQ(cleaned.device_of(key), std::optional<flex::MapDevice>(dev)) << f << " " << key;
   }
 }
+
+// An index naming a shard whose path the OS refuses (ENAMETOOLONG) made
+// std::filesystem throw an untyped filesystem_error; it is a NotFoundError
+// naming the index and the shard.
+TEST(FuzzRegressions, CheckpointIndexWithUnreadableShardPath) {
+  auto files = inputs("checkpoint_index_unreadable_shard");
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    flex_test::TempDir dir;
+    fs::copy_file(f, dir.path() / "model.safetensors.index.json");
+    try {
+      flex::Checkpoint::open(dir.str());
+      ADD_FAILURE() << f << ": accepted";
+    } catch (const flex::NotFoundError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("model.safetensors.index.json"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("points at shard"), std::string::npos) << msg;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << f << ": " << typeid(e).name() << ": " << e.what();
+    }
+  }
+}
+
+// A float size too large for int64 (intermediate_size 7.8e48) was cast to
+// int64 (undefined behaviour, caught by UBSan); it is a ConfigError naming the field.
+TEST(FuzzRegressions, ConfigIntegersOutOfRange) {
+  auto files = inputs("config");
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    try {
+      flex::parse_config(nlohmann::json::parse(slurp(f)), f.string());
+      ADD_FAILURE() << f << ": accepted";
+    } catch (const flex::ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("intermediate_size"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("must be an integer"), std::string::npos) << msg;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << f << ": " << typeid(e).name() << ": " << e.what();
+    }
+  }
+}
+
