@@ -142,7 +142,9 @@ Checkpoint Checkpoint::open(const std::string& path_in) {
     for (const auto& kv : index_keys)
       if (std::error_code sec; !fs::is_regular_file(kv.first, sec))
         throw NotFoundError("index " + file + " points at shard " + kv.first + " (for '" + kv.second.front() +
-                            "'), which " + (sec ? "cannot be read: " + sec.message() : std::string("does not exist")));
+                            "'), which " +
+                            (sec && sec != std::errc::no_such_file_or_directory ? "cannot be read: " + sec.message()
+                                                                                 : std::string("does not exist")));
   } else {
     index_keys[file] = {};
   }
