@@ -25,29 +25,15 @@
 #include <map>
 #include <sstream>
 
+#include "mesh_env.h"
 #include "test_util.h"
 
 namespace {
 
-flex::MeshShape mesh_shape() {
-  const char* env = std::getenv("FLEX_MESH");
-  flex::MeshShape s;
-  if (env && std::sscanf(env, "%d,%d,%d", &s.tp, &s.pp, &s.dp) == 3) return s;
-  s.tp = flex::make_world_communicator()->size();
-  return s;
-}
+using parallel2_test::mesh;
+using parallel2_test::mesh_shape;
 
-const flex::DeviceMesh& mesh() {
-  static flex::DeviceMesh m = [] {
-    auto s = mesh_shape();
-    return flex::DeviceMesh(flex::make_world_communicator(), s.tp, s.pp, s.dp);
-  }();
-  return m;
-}
-
-at::Tensor inputs() {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
-}
+at::Tensor inputs() { return parallel2_test::golden_input_ids(); }
 
 // A fixed, non-trivial function of the logits: next-token cross entropy plus
 // a weighted sum, so every logit gets a distinct gradient.

@@ -22,25 +22,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "mesh_env.h"
 #include "test_util.h"
 
 namespace {
 
-flex::MeshShape mesh_shape() {
-  const char* env = std::getenv("FLEX_MESH");
-  flex::MeshShape s;
-  if (env && std::sscanf(env, "%d,%d,%d", &s.tp, &s.pp, &s.dp) == 3) return s;
-  s.tp = flex::make_world_communicator()->size();
-  return s;
-}
-
-const flex::DeviceMesh& mesh() {
-  static flex::DeviceMesh m = [] {
-    auto s = mesh_shape();
-    return flex::DeviceMesh(flex::make_world_communicator(), s.tp, s.pp, s.dp);
-  }();
-  return m;
-}
+using parallel2_test::mesh;
+using parallel2_test::mesh_shape;
 
 bool rank0() { return mesh().rank() == 0; }
 
@@ -48,9 +36,7 @@ std::shared_ptr<flex::SafetensorsFile> golden(const std::string& model) {
   return flex::SafetensorsFile::open(flex_test::fixture("golden/" + model + ".safetensors"));
 }
 
-at::Tensor inputs() {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
-}
+at::Tensor inputs() { return parallel2_test::golden_input_ids(); }
 
 // Modules in Transformers' execution order (golden json), minus the root and
 // the base model, which the parallel forward does not call as a whole.

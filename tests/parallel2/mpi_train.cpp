@@ -23,30 +23,18 @@
 #include <cstdlib>
 #include <functional>
 
+#include "mesh_env.h"
 #include "test_util.h"
 
 namespace {
 
-flex::MeshShape mesh_shape() {
-  const char* env = std::getenv("FLEX_MESH");
-  flex::MeshShape s;
-  if (env && std::sscanf(env, "%d,%d,%d", &s.tp, &s.pp, &s.dp) == 3) return s;
-  s.tp = flex::make_world_communicator()->size();
-  return s;
-}
-
-const flex::DeviceMesh& mesh() {
-  static flex::DeviceMesh m = [] {
-    auto s = mesh_shape();
-    return flex::DeviceMesh(flex::make_world_communicator(), s.tp, s.pp, s.dp);
-  }();
-  return m;
-}
+using parallel2_test::mesh;
+using parallel2_test::mesh_shape;
 
 // Three rows: with dp=2 the ranks run 2 and 1, so the gathered rows are uneven.
 at::Tensor inputs() {
   at::Tensor ids =
-      flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
+      parallel2_test::golden_input_ids();
   return at::cat({ids, ids.narrow(0, 0, 1).flip(1)}, 0);
 }
 
@@ -147,7 +135,7 @@ TEST(ParallelTraining, ProbeTrainsAsInOneProcessAndStaysIdenticalOnEveryRank) {
   fm.set_mesh(mesh(), lm->layout());
   fm.wrapped_module_requires_grad(false);
   auto probe = rank_probe();
-  if (mesh().rank() != 0) ASSERT_GT(max_diff(flat_state(*probe), initial), 1e-3) << "ranks must start apart";
+  if (mesh().rank() != 0) { ASSERT_GT(max_diff(flat_state(*probe), initial), 1e-3) << "ranks must start apart"; }
   fm.register_trainable_module("probe", probe);
   EXPECT_EQ(max_diff(flat_state(*probe), initial), 0.0) << "registration must copy rank 0's parameters and buffers";
 
@@ -223,8 +211,8 @@ TEST(ParallelTraining, GradientHooksAreRefusedWithPipelineOrDataParallel) {
       if (tp_only) ADD_FAILURE() << what << " was refused under " << mesh().describe() << ": " << msg;
       EXPECT_NE(msg.find("supported under tensor parallelism only"), std::string::npos) << msg;
       EXPECT_NE(msg.find("transformer.h.0.mlp"), std::string::npos) << msg;
-      if (mesh().pp_size() > 1) EXPECT_NE(msg.find("pipeline parallel (pp="), std::string::npos) << msg;
-      if (mesh().dp_size() > 1) EXPECT_NE(msg.find("data parallel (dp="), std::string::npos) << msg;
+      if (mesh().pp_size() > 1) { EXPECT_NE(msg.find("pipeline parallel (pp="), std::string::npos) << msg; }
+      if (mesh().dp_size() > 1) { EXPECT_NE(msg.find("data parallel (dp="), std::string::npos) << msg; }
     }
   };
   const std::string mlp = "transformer.h.0.mlp";
@@ -236,7 +224,7 @@ TEST(ParallelTraining, GradientHooksAreRefusedWithPipelineOrDataParallel) {
                  "a tensor gradient hook");
   expect_refused([&] { fm.create_hook_group("grads", mlp + ".c_fc", {}, flex::HookType::Tensor); },
                  "a group of tensor hooks");
-  if (!tp_only) EXPECT_TRUE(fm.hook_functions().empty());
+  if (!tp_only) { EXPECT_TRUE(fm.hook_functions().empty()); }
 
   // Registered before the mesh is set: set_mesh refuses.
   auto lm2 = flex::load_parallel_pretrained(gpt2_dir(), mesh());

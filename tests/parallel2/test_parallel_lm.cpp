@@ -12,15 +12,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "mesh_env.h"
 #include "test_util.h"
 
 namespace {
 
 flex::DeviceMesh local_mesh() { return flex::DeviceMesh(std::make_shared<flex::LocalCommunicator>(), 1, 1, 1); }
 
-at::Tensor inputs() {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
-}
+at::Tensor inputs() { return parallel2_test::golden_input_ids(); }
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
