@@ -184,11 +184,11 @@ int run_generate(const std::vector<std::string>& argv) {
   std::shared_ptr<ParallelCausalLM> parallel;
   if (ranks.mesh) parallel = load_parallel_model(dir, args, *ranks.mesh);
   else model = load_model(dir, args);
-  Module& root = parallel ? static_cast<Module&>(*parallel) : static_cast<Module&>(*model);
-  FlexModel fm(parallel ? std::static_pointer_cast<Module>(parallel) : std::static_pointer_cast<Module>(model));
+  const std::shared_ptr<Module> root = parallel ? std::shared_ptr<Module>(parallel) : std::shared_ptr<Module>(model);
+  FlexModel fm(root);
   if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());
   for (const auto& s : args.all("--steer")) fm.register_forward_hook(steer(s));
-  for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, root));
+  for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, *root));
   for (const auto& s : args.all("--patch")) fm.register_forward_hook(patch(s, g.use_cache));
 
   std::vector<int64_t> ids = tok->encode(*prompt);
