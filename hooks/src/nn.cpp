@@ -80,10 +80,10 @@ LayerNorm::LayerNorm(int64_t d, double e, bool affine, const at::TensorOptions& 
 
 Value LayerNorm::forward(Inputs inputs) { return at::layer_norm(inputs.tensor(0), {dim}, weight, bias, eps); }
 
-RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::TensorOptions& options)
-    : Module(std::move(class_name)), eps(e) {
+RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::TensorOptions& options, Scale s)
+    : Module(std::move(class_name)), eps(e), scale(s) {
   add_parameter("weight", weight, new_parameter({dim}, options));
-  fill(weight, 1.0);
+  fill(weight, s == Scale::OnePlusWeight ? 0.0 : 1.0);
 }
 
 Value RMSNorm::forward(Inputs inputs) {
@@ -91,7 +91,11 @@ Value RMSNorm::forward(Inputs inputs) {
   at::Tensor h = x.to(at::kFloat);
   at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(var + eps);
-  return weight * h.to(x.scalar_type());
+  switch (scale) {
+    case Scale::WeightThenCast: return (weight * h).to(x.scalar_type());
+    case Scale::OnePlusWeight: return (h * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
+    default: return weight * h.to(x.scalar_type());
+  }
 }
 
 Value Identity::forward(Inputs inputs) {

@@ -29,13 +29,14 @@ std::string join(const std::vector<std::string>& v, size_t limit) {
 std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& cfg, const at::TensorOptions& opts) {
   std::shared_ptr<CausalLM> m;
   if (cfg.model_type == "gpt2") m = std::make_shared<GPT2LMHeadModel>(cfg, opts);
-  if (cfg.model_type == "llama") m = std::make_shared<LlamaForCausalLM>(cfg, opts);
+  if (const DecoderArch* arch = decoder_arch(cfg.model_type)) m = std::make_shared<DecoderForCausalLM>(*arch, cfg, opts);
   if (cfg.model_type == "gpt_neox") m = std::make_shared<GPTNeoXForCausalLM>(cfg, opts);
   if (m) {
     m->eval();  // dropout off unless the caller asks for train()
     return m;
   }
-  throw ConfigError(cfg.source + ": model_type '" + cfg.model_type + "' is not supported (supported: gpt2, llama, gpt_neox)");
+  throw ConfigError(cfg.source + ": model_type '" + cfg.model_type + "' is not supported (supported: " +
+                    supported_model_types() + ")");
 }
 
 at::ScalarType parse_torch_dtype(const std::string& name) {

@@ -91,10 +91,11 @@ at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t
 }
 
 Inputs block_inputs(const at::Tensor& hidden, const at::Tensor& mask, const c10::intrusive_ptr<KVCache>& cache,
-                    const Value& position_embeddings) {
+                    const Value& position_embeddings, const at::Tensor& position_ids) {
   Inputs in{Value(hidden)};
   in.kwargs.emplace_back("attention_mask", mask.defined() ? Value(mask) : Value());
   in.kwargs.emplace_back("past_key_value", KVCache::as_value(cache));
+  if (position_ids.defined()) in.kwargs.emplace_back("position_ids", position_ids);
   if (!position_embeddings.isNone()) in.kwargs.emplace_back("position_embeddings", position_embeddings);
   return in;
 }
@@ -105,6 +106,7 @@ BlockCall read_block_call(const Inputs& inputs, const std::string& who) {
   c.mask = named_tensor(inputs, "attention_mask", who);
   c.mask_given = inputs.find("attention_mask") != nullptr;
   if (const Value* v = inputs.find("past_key_value")) c.cache = KVCache::from_value(*v);
+  c.position_ids = named_tensor(inputs, "position_ids", who);
   if (const Value* v = inputs.find("position_embeddings"); v && !v->isNone()) {
     if (!v->isTuple() || v->toTupleRef().elements().size() != 2)
       throw ConfigError(who + ": position_embeddings must be the tuple (cos, sin)");
@@ -117,7 +119,7 @@ BlockCall read_block_call(const Inputs& inputs, const std::string& who) {
 Inputs attention_inputs(const at::Tensor& x, const BlockCall& call) {
   Value pe;
   if (call.cos.defined()) pe = c10::ivalue::Tuple::create({call.cos, call.sin});
-  return block_inputs(x, call.mask, call.cache, pe);
+  return block_inputs(x, call.mask, call.cache, pe, call.position_ids);
 }
 
 at::Tensor effective_mask(const BlockCall& call, int64_t q_len, int64_t k_len) {

@@ -35,9 +35,10 @@ at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t
                         const c10::Device& device);
 
 /// Block kwargs: attention_mask (bool or None), past_key_value (cache or None),
-/// position_embeddings (cos, sin) when rotary.
+/// position_embeddings (cos, sin) when rotary, position_ids when given (for
+/// architectures whose attention layers compute RoPE themselves).
 Inputs block_inputs(const at::Tensor& hidden, const at::Tensor& mask, const c10::intrusive_ptr<KVCache>& cache,
-                    const Value& position_embeddings);
+                    const Value& position_embeddings, const at::Tensor& position_ids = {});
 
 /// The hidden-states argument of a block / attention call and its kwargs.
 struct BlockCall {
@@ -46,6 +47,7 @@ struct BlockCall {
   bool mask_given = false;  // false: no attention_mask keyword, so causal-only
   c10::intrusive_ptr<KVCache> cache;
   at::Tensor cos, sin;  // undefined for learned positions
+  at::Tensor position_ids;  // [P, T] or undefined
 };
 BlockCall read_block_call(const Inputs& inputs, const std::string& who);
 /// Attention kwargs forwarded from a block (same keys as block_inputs).

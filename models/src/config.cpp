@@ -72,6 +72,40 @@ struct Reader {
   }
 };
 
+// Phi-3's longrope (older configs call it "su"): one divisor per rotary
+// frequency for short and for long contexts, and a cos/sin scale that
+// grows with the context extension.
+void parse_longrope(const Reader& r, const Reader& sub, ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  s.rope_type = "longrope";
+  s.original_max_position_embeddings =
+      sub.int_or("original_max_position_embeddings", r.int_or("original_max_position_embeddings", 0));
+  if (s.original_max_position_embeddings <= 0)
+    r.fail("original_max_position_embeddings", "must be a positive integer for rope_type 'longrope'");
+  const size_t want = static_cast<size_t>(c.head_dim / 2);
+  for (auto [name, dst] : {std::pair<const char*, std::vector<double>*>{"short_factor", &s.short_factor},
+                           {"long_factor", &s.long_factor}}) {
+    const json* f = sub.find(name);
+    const std::string field = std::string("rope_scaling.") + name;
+    if (!f || !f->is_array()) r.fail(field, "must be a list of head_dim / 2 numbers for rope_type 'longrope'");
+    if (f->size() != want)
+      r.fail(field, "has " + std::to_string(f->size()) + " entries; head_dim / 2 = " + std::to_string(want));
+    for (const auto& x : *f) {
+      if (!x.is_number() || !(x.get<double>() > 0)) r.fail(field, "must hold positive numbers, got " + x.dump());
+      dst->push_back(x.get<double>());
+    }
+  }
+  const double scale =
+      static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+  s.attention_factor = scale <= 1.0 ? 1.0
+                                    : std::sqrt(1.0 + std::log(scale) /
+                                                          std::log(static_cast<double>(s.original_max_position_embeddings)));
+  if (const json* a = sub.find("attention_factor")) {
+    if (!a->is_number()) r.fail("rope_scaling.attention_factor", "must be a number, got " + a->dump());
+    s.attention_factor = a->get<double>();
+  }
+}
+
 void parse_rope_scaling(const Reader& r, ModelConfig& c) {
   const json* rs = r.find("rope_scaling");
   if (!rs) return;
@@ -81,6 +115,11 @@ void parse_rope_scaling(const Reader& r, ModelConfig& c) {
   RopeScaling& s = c.rope_scaling;
   s.rope_type = kind;
   if (kind == "default") return;
+  if (c.model_type == "phi3") {
+    if (kind != "longrope" && kind != "su")
+      r.fail("rope_scaling.type", "'" + kind + "' is not supported for phi3 (supported: longrope)");
+    return parse_longrope(r, sub, c);
+  }
   if (kind != "linear" && kind != "dynamic" && kind != "llama3")
     r.fail("rope_scaling.rope_type", "'" + kind + "' is not supported (supported: default, linear, dynamic, llama3)");
   const json* f = sub.find("factor");
@@ -121,29 +160,107 @@ void parse_gpt2(const Reader& r, ModelConfig& c) {
   c.head_dim = c.hidden_size / c.num_attention_heads;
 }
 
-void parse_llama(const Reader& r, ModelConfig& c) {
+// Transformers' defaults of the Llama family, where the architectures differ.
+struct FamilyDefaults {
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  int64_t head_dim = 0;          // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  const char* act_field = "hidden_act";
+  const char* act = "silu";
+};
+
+FamilyDefaults family_defaults(const std::string& type) {
+  FamilyDefaults d;
+  if (type == "mistral") d.max_position_embeddings = 4096 * 32;
+  if (type == "qwen2") d.max_position_embeddings = 32768;
+  if (type == "qwen3") d.max_position_embeddings = 32768, d.head_dim = 128;
+  if (type == "gemma2")
+    d.max_position_embeddings = 8192, d.head_dim = 256, d.tie_word_embeddings = true, d.act_field = "hidden_activation",
+    d.act = "gelu_pytorch_tanh";
+  if (type == "phi3") d.max_position_embeddings = 4096, d.rms_norm_eps = 1e-5;
+  if (type == "olmo2") d.rms_norm_eps = 1e-5;
+  return d;
+}
+
+// A sliding window: absent takes `dflt`, null means none.
+int64_t window_or(const Reader& r, int64_t dflt) {
+  auto it = r.j.find("sliding_window");
+  if (it == r.j.end()) return dflt;
+  if (it->is_null()) return 0;
+  int64_t w = r.integer(*it, "sliding_window");
+  if (w <= 0) r.fail("sliding_window", "must be positive or null, got " + std::to_string(w));
+  return w;
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Gemma 2, Phi-3, OLMo 2: the same field names,
+// different defaults and a few architecture-only fields.
+void parse_llama_family(const Reader& r, ModelConfig& c) {
+  const std::string& type = c.model_type;
+  const FamilyDefaults d = family_defaults(type);
   c.vocab_size = r.required_int("vocab_size");
   c.hidden_size = r.required_int("hidden_size");
   c.num_hidden_layers = r.required_int("num_hidden_layers");
   c.num_attention_heads = r.required_int("num_attention_heads");
   c.intermediate_size = r.required_int("intermediate_size");
-  c.max_position_embeddings = r.int_or("max_position_embeddings", 2048);
+  c.max_position_embeddings = r.int_or("max_position_embeddings", d.max_position_embeddings);
+  if (c.max_position_embeddings <= 0) r.fail("max_position_embeddings", "must be positive");
   c.num_key_value_heads = r.int_or("num_key_value_heads", c.num_attention_heads);
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     r.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(c.num_attention_heads) +
                                       "), got " + std::to_string(c.num_key_value_heads));
-  if (!r.find("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+  if (type == "phi3" && r.find("head_dim")) r.fail("head_dim", "is not a Phi-3 field (Phi-3 uses hidden_size / heads)");
+  if (!r.find("head_dim") && d.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)
     r.fail("num_attention_heads", "must divide hidden_size when head_dim is absent");
-  c.head_dim = r.int_or("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.int_or("head_dim", d.head_dim ? d.head_dim : c.hidden_size / c.num_attention_heads);
   if (c.head_dim <= 0 || c.head_dim % 2 != 0) r.fail("head_dim", "must be positive and even, got " + std::to_string(c.head_dim));
-  c.norm_eps = r.number_or("rms_norm_eps", 1e-6);
-  c.hidden_act = r.string_or("hidden_act", "silu");
-  c.tie_word_embeddings = r.bool_or("tie_word_embeddings", false);
+  c.norm_eps = r.number_or("rms_norm_eps", d.rms_norm_eps);
+  c.hidden_act = r.string_or(d.act_field, type == "gemma2" ? r.string_or("hidden_act", d.act) : d.act);
+  c.tie_word_embeddings = r.bool_or("tie_word_embeddings", d.tie_word_embeddings);
   c.rope_theta = r.number_or("rope_theta", 10000.0);
-  c.attention_bias = r.bool_or("attention_bias", false);
-  c.mlp_bias = r.bool_or("mlp_bias", false);
-  if (r.int_or("pretraining_tp", 1) != 1)
-    r.fail("pretraining_tp", "other than 1 is not supported (it only changes how HF splits matmuls)");
+  if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
+
+  // Biases: Llama, OLMo 2, Gemma 2, Qwen3 follow attention_bias on q/k/v/o;
+  // Qwen2 always has q/k/v biases and none on o_proj; Mistral, Phi-3 none.
+  if (type == "qwen2") {
+    c.qkv_bias = true;
+  } else if (type == "mistral" || type == "phi3") {
+    c.attention_bias = c.qkv_bias = false;
+  } else {
+    c.attention_bias = c.qkv_bias = r.bool_or("attention_bias", false);
+  }
+  if (type == "llama") {
+    c.mlp_bias = r.bool_or("mlp_bias", false);
+    if (r.int_or("pretraining_tp", 1) != 1)
+      r.fail("pretraining_tp", "other than 1 is not supported (it only changes how HF splits matmuls)");
+  }
+
+  // Attention variants.
+  if (type == "mistral") c.sliding_window = window_or(r, 4096);
+  if (type == "phi3") c.sliding_window = window_or(r, 0);
+  if (type == "gemma2") {
+    c.sliding_window = window_or(r, 4096);
+    c.sliding_window_pattern = 2;
+    c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
+    if (!(c.query_pre_attn_scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
+    auto cap = [&](const char* field, double dflt) {
+      auto it = r.j.find(field);
+      if (it == r.j.end()) return dflt;
+      if (it->is_null()) return 0.0;
+      const double v = r.number_or(field, dflt);
+      if (!(v > 0)) r.fail(field, "must be positive or null");
+      return v;
+    };
+    c.attn_logit_softcapping = cap("attn_logit_softcapping", 50.0);
+    c.final_logit_softcapping = cap("final_logit_softcapping", 30.0);
+  }
+  if (type == "qwen2" || type == "qwen3") {
+    if (r.bool_or("use_sliding_window", false))
+      r.fail("use_sliding_window", "true is not supported (Qwen2/Qwen3 slide only in layers >= max_window_layers, "
+                                   "and only under flash attention)");
+  }
+  if (type == "phi3" && r.number_or("partial_rotary_factor", 1.0) != 1.0)
+    r.fail("partial_rotary_factor", "other than 1 is not supported for phi3");
   parse_rope_scaling(r, c);
 }
 
@@ -180,27 +297,82 @@ std::string ModelConfig::causal_lm_class() const {
   if (model_type == "gpt2") return "GPT2LMHeadModel";
   if (model_type == "llama") return "LlamaForCausalLM";
   if (model_type == "gpt_neox") return "GPTNeoXForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "gemma2") return "Gemma2ForCausalLM";
+  if (model_type == "phi3") return "Phi3ForCausalLM";
+  if (model_type == "olmo2") return "Olmo2ForCausalLM";
   return "";
 }
 
-ModelConfig parse_config(const json& j, const std::string& source) {
+namespace {
+bool is_llama_family(const std::string& t) {
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma2" || t == "phi3" || t == "olmo2";
+}
+
+// Sizes far beyond any real model end here with the field named, before any
+// tensor is allocated (a config with num_hidden_layers 2e8 must not reach the
+// allocator as an untyped std::bad_alloc).
+void check_sizes(const Reader& r, const ModelConfig& c) {
+  const bool gpt2 = c.model_type == "gpt2";
+  auto limit = [&](const char* field, const char* gpt2_field, int64_t v, int64_t max) {
+    if (v > max)
+      r.fail(gpt2 && gpt2_field ? gpt2_field : field,
+             "is " + std::to_string(v) + ", beyond what any model needs (at most " + std::to_string(max) + ")");
+  };
+  limit("num_hidden_layers", "n_layer", c.num_hidden_layers, int64_t{1} << 16);
+  limit("hidden_size", "n_embd", c.hidden_size, int64_t{1} << 20);
+  limit("num_attention_heads", "n_head", c.num_attention_heads, int64_t{1} << 16);
+  limit("head_dim", nullptr, c.head_dim, int64_t{1} << 16);
+  limit("intermediate_size", "n_inner", c.intermediate_size, int64_t{1} << 24);
+  limit("vocab_size", nullptr, c.vocab_size, int64_t{1} << 28);
+  // GPT-2 and GPT-NeoX hold a [n, n] causal-mask buffer per layer.
+  const bool square_mask = gpt2 || c.model_type == "gpt_neox";
+  limit("max_position_embeddings", "n_positions", c.max_position_embeddings,
+        square_mask ? int64_t{1} << 15 : int64_t{1} << 30);
+  // The whole model: embeddings plus per layer attention and MLP weights.
+  const double h = static_cast<double>(c.hidden_size);
+  const double attn = h * static_cast<double>(c.head_dim) *
+                      static_cast<double>(2 * c.num_attention_heads + 2 * c.num_key_value_heads);
+  const double params = static_cast<double>(c.num_hidden_layers) * (attn + 3.0 * h * static_cast<double>(c.intermediate_size)) +
+                        2.0 * static_cast<double>(c.vocab_size) * h;
+  if (params > 1e13)
+    r.fail(gpt2 ? "n_layer" : "num_hidden_layers",
+           "with the other sizes gives about " + std::to_string(static_cast<int64_t>(params / 1e9)) +
+               " billion parameters, beyond what any model needs (at most 10,000 billion)");
+}
+
+}  // namespace
+
+std::string supported_model_types() { return "gpt2, llama, gpt_neox, mistral, qwen2, qwen3, gemma2, phi3, olmo2"; }
+
+namespace {
+ModelConfig parse_config_impl(const json& j, const std::string& source) {
   if (!j.is_object()) throw ConfigError(source + ": a config must be a JSON object");
   ModelConfig c;
   c.source = source;
   c.raw = j;
   auto it = j.find("model_type");
   if (it == j.end() || !it->is_string())
-    throw ConfigError(source + ": field 'model_type' is required but missing (supported: gpt2, llama, gpt_neox)");
+    throw ConfigError(source + ": field 'model_type' is required but missing (supported: " + supported_model_types() + ")");
   c.model_type = it->get<std::string>();
   Reader r{j, source, c.model_type};
   if (c.model_type == "gpt2")
     parse_gpt2(r, c);
-  else if (c.model_type == "llama")
-    parse_llama(r, c);
+  else if (is_llama_family(c.model_type))
+    parse_llama_family(r, c);
   else if (c.model_type == "gpt_neox")
     parse_gpt_neox(r, c);
   else
-    throw ConfigError(source + ": model_type '" + c.model_type + "' is not supported (supported: gpt2, llama, gpt_neox)");
+    throw ConfigError(source + ": model_type '" + c.model_type + "' is not supported (supported: " +
+                      supported_model_types() + ")");
+  check_sizes(r, c);
+  for (const char* field : {"attn_implementation", "_attn_implementation"}) {
+    const std::string impl = r.string_or(field, "eager");
+    if (impl != "eager" && impl != "sdpa" && impl != "flash_attention_2")
+      r.fail(field, "'" + impl + "' is not supported (eager, sdpa and flash_attention_2 compute the same attention)");
+  }
 
   if (!c.hidden_act.empty() && c.hidden_act != "gelu_new" && c.hidden_act != "gelu" && c.hidden_act != "silu" &&
       c.hidden_act != "swish" && c.hidden_act != "relu" && c.hidden_act != "gelu_pytorch_tanh")
@@ -218,6 +390,9 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   c.torch_dtype = r.string_or("torch_dtype", "");
   return c;
 }
+}  // namespace
+
+ModelConfig parse_config(const json& j, const std::string& source) { return parse_config_impl(j, source); }
 
 ModelConfig load_config(const std::string& dir_or_config_json) {
   namespace fs = std::filesystem;

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -44,8 +45,10 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
   std::string embed, rotary;
   if (cfg.model_type == "gpt2") {
     embed = "wte", blocks_name_ = "h", norm_name_ = "ln_f", head_name_ = "lm_head";
-  } else if (cfg.model_type == "llama") {
-    embed = "embed_tokens", blocks_name_ = "layers", norm_name_ = "norm", head_name_ = "lm_head", rotary = "rotary_emb";
+  } else if (const DecoderArch* arch = decoder_arch(cfg.model_type)) {
+    embed = "embed_tokens", blocks_name_ = "layers", norm_name_ = "norm", head_name_ = "lm_head";
+    if (arch->rope != DecoderArch::Rope::PerLayer) rotary = "rotary_emb";
+    if (arch->scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(cfg.hidden_size));
   } else if (cfg.model_type == "gpt_neox") {
     embed = "embed_in", blocks_name_ = "layers", norm_name_ = "final_layer_norm", head_name_ = "embed_out",
     rotary = "rotary_emb";
@@ -144,6 +147,7 @@ Value ParallelCausalLM::forward(Inputs inputs) {
     at::Tensor hidden;
     if (stage == 0) {
       hidden = (*embedding_)(ids);
+      if (embed_scale_ > 0) hidden = hidden * at::scalar_tensor(embed_scale_, hidden.options());
       if (pos_embedding_) hidden = hidden + (*pos_embedding_)(position_ids);
       if (emb_dropout_) hidden = (*emb_dropout_)(hidden);
     } else {
@@ -158,7 +162,8 @@ Value ParallelCausalLM::forward(Inputs inputs) {
       pe = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
     }
     for (int64_t i = first_block_; i < last_block_; ++i)
-      hidden = detail::first_tensor((*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe)), "block " + str(i));
+      hidden = detail::first_tensor((*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe, position_ids)),
+                                    "block " + str(i));
     if (stage == pp - 1) hidden = (*norm_)(hidden);
     return detail::tuple_of({hidden});
   };
@@ -173,6 +178,7 @@ Value ParallelCausalLM::forward(Inputs inputs) {
     mesh_.pp_group()->send(hidden.contiguous(), stage + 1, kHiddenTag);
   } else {
     logits = (*head_)(hidden);
+    if (cfg.final_logit_softcapping > 0) logits = soft_cap(logits, cfg.final_logit_softcapping);
   }
   if (pp > 1) {
     if (stage == pp - 1) mesh_.pp_group()->send(logits.contiguous(), 0, kLogitsTag);

@@ -6,7 +6,7 @@
 #include <flex/hooks/model_hook.h>
 #include <flex/models/gpt2.h>
 #include <flex/models/gpt_neox.h>
-#include <flex/models/llama.h>
+#include <flex/models/decoder.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/parallel/tp_autograd.h>
 
@@ -85,6 +85,30 @@ ModuleSharding output_only(ShardSpec out) {
   return s;
 }
 
+// OLMo 2's q_norm / k_norm normalise the whole projection, which tensor
+// parallelism splits by head: each rank sums its squares, the sums are
+// all-reduced, and the mean is taken over the whole width.
+class TpRMSNorm : public RMSNorm {
+ public:
+  TpRMSNorm(const RMSNorm& like, int64_t whole_dim, std::shared_ptr<Communicator> tp)
+      : RMSNorm(like.weight.size(0), like.eps, like.class_name(), like.weight.options(), like.scale),
+        whole_dim_(whole_dim),
+        tp_(std::move(tp)) {}
+  Value forward(Inputs inputs) override {
+    const at::Tensor& x = inputs.tensor(0);
+    at::Tensor h = x.to(at::kFloat);
+    at::Tensor sum = reduce_from_tp_region(h.pow(2).sum(-1, /*keepdim=*/true), tp_);
+    h = h * at::rsqrt(sum / static_cast<double>(whole_dim_) + eps);
+    if (scale == Scale::WeightThenCast) return (weight * h).to(x.scalar_type());
+    if (scale == Scale::OnePlusWeight) return (h * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
+    return weight * h.to(x.scalar_type());
+  }
+
+ private:
+  int64_t whole_dim_;
+  std::shared_ptr<Communicator> tp_;
+};
+
 template <typename T>
 std::shared_ptr<T> cast_block(const std::shared_ptr<Module>& m, int64_t i) {
   auto b = std::dynamic_pointer_cast<T>(m);
@@ -138,29 +162,8 @@ void ParallelCausalLM::shard_block(int64_t i) {
     declare(*mlp.act, output_only(split(-1)));
     declare(*mlp.c_proj, row(split(0), 1));
     row_parallel(*mlp.c_proj);
-  } else if (cfg.model_type == "llama") {
-    auto block = cast_block<LlamaDecoderLayer>(blocks_[i], i);
-    auto attn = std::make_shared<LlamaAttention>(lc, i, topts);  // q/k/v/o already this rank's shapes
-    block->self_attn = block->replace_module("self_attn", attn);
-    for (auto* p : {&attn->q_proj, &attn->k_proj, &attn->v_proj}) {
-      declare(**p, column(split(-1, d), split(0, d), split(0, d)));
-      column_parallel(**p);
-    }
-    declare(*attn->o_proj, row(split(1, d), d));
-    row_parallel(*attn->o_proj);
-    declare(*attn->hook_attn_probs, output_only(split(1)));
-    declare(*attn->hook_head_out, output_only(split(2)));
-    auto& mlp = *block->mlp;
-    mlp.gate_proj = mlp.replace_module("gate_proj", std::make_shared<Linear>(c, il, cfg.mlp_bias, topts));
-    mlp.up_proj = mlp.replace_module("up_proj", std::make_shared<Linear>(c, il, cfg.mlp_bias, topts));
-    mlp.down_proj = mlp.replace_module("down_proj", std::make_shared<Linear>(il, c, cfg.mlp_bias, topts));
-    declare(*mlp.gate_proj, column(split(-1), split(0), split(0)));
-    declare(*mlp.up_proj, column(split(-1), split(0), split(0)));
-    column_parallel(*mlp.gate_proj);
-    column_parallel(*mlp.up_proj);
-    declare(*mlp.act_fn, output_only(split(-1)));
-    declare(*mlp.down_proj, row(split(1), 1));
-    row_parallel(*mlp.down_proj);
+  } else if (const DecoderArch* arch = decoder_arch(cfg.model_type)) {
+    shard_decoder_block(*arch, i);
   } else if (cfg.model_type == "gpt_neox") {
     auto block = cast_block<GPTNeoXLayer>(blocks_[i], i);
     auto attn = std::make_shared<GPTNeoXAttention>(lc, i, topts);
@@ -185,6 +188,91 @@ void ParallelCausalLM::shard_block(int64_t i) {
     declare(*mlp.dense_4h_to_h, row(split(1), 1));
     row_parallel(*mlp.dense_4h_to_h);
   }
+}
+
+AttentionHeads tp_heads(const ModelConfig& cfg, int rank, int tp) {
+  // Query heads as numpy.array_split; each rank holds the key/value heads its
+  // query heads use (shared with its neighbours when the split cuts a group).
+  const Range q = piece_range(cfg.num_attention_heads, 1, rank, tp);
+  AttentionHeads h;
+  h.group = cfg.num_attention_heads / cfg.num_key_value_heads;
+  h.q_first = q.start;
+  h.q_count = q.length;
+  h.kv_first = q.start / h.group;
+  h.kv_count = (q.start + q.length - 1) / h.group - h.kv_first + 1;
+  return h;
+}
+
+ShardSpec ParallelCausalLM::kv_heads_spec(const ModelConfig& cfg, int64_t dim, int64_t unit) const {
+  return ShardSpec::split(dim, unit == 0 ? cfg.head_dim : unit);
+}
+
+std::shared_ptr<RMSNorm> ParallelCausalLM::tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, int64_t whole_dim) const {
+  if (mesh_.tp_size() == 1) return norm;
+  return std::make_shared<TpRMSNorm>(*norm, whole_dim, mesh_.tp_group());
+}
+
+void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
+  const ModelConfig& cfg = config();
+  const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
+  const int64_t c = cfg.hidden_size, d = cfg.head_dim;
+  const AttentionHeads heads = tp_heads(cfg, rank, tp);
+  const int64_t il = piece_range(cfg.intermediate_size, 1, rank, tp).length;
+  const auto topts = at::TensorOptions().dtype(dtype_);
+  const auto split = [](int64_t dim, int64_t unit = 1) { return ShardSpec::split(dim, unit); };
+  const ShardSpec kv_out = kv_heads_spec(cfg, -1, d), kv_rows = kv_heads_spec(cfg, 0, d);
+  EmptyInit scope;  // parameters stay on meta until load_slices
+
+  auto block = cast_block<DecoderLayer>(blocks_[i], i);
+  auto attn = std::make_shared<DecoderAttention>(arch, cfg, i, topts, heads);  // this rank's shapes
+  block->self_attn = block->replace_module("self_attn", attn);
+  if (attn->qkv_proj) {
+    // Fused [q | k | v] rows: each rank holds its heads of every block.
+    const std::vector<int64_t> qkv{cfg.num_attention_heads * d, cfg.num_key_value_heads * d,
+                                   cfg.num_key_value_heads * d};
+    declare(*attn->qkv_proj, column(ShardSpec::fused(-1, qkv, d), ShardSpec::fused(0, qkv, d), ShardSpec::fused(0, qkv, d)));
+    column_parallel(*attn->qkv_proj);
+  } else {
+    declare(*attn->q_proj, column(split(-1, d), split(0, d), split(0, d)));
+    declare(*attn->k_proj, column(kv_out, kv_rows, kv_rows));
+    declare(*attn->v_proj, column(kv_out, kv_rows, kv_rows));
+    for (auto* p : {&attn->q_proj, &attn->k_proj, &attn->v_proj}) column_parallel(**p);
+  }
+  declare(*attn->o_proj, row(split(1, d), d));
+  row_parallel(*attn->o_proj);
+  if (attn->rotary_emb) layout_->set_batchless(*attn->rotary_emb);
+  if (arch.qk_norm == DecoderArch::QKNorm::PerHead) {
+    // Over head_dim: replicated weights, outputs [B, T, heads, D] split by head.
+    declare(*attn->q_norm, output_only(split(2)));
+    declare(*attn->k_norm, output_only(kv_heads_spec(cfg, 2, 1)));
+  } else if (arch.qk_norm == DecoderArch::QKNorm::Projection) {
+    // Over the whole projection: the mean of squares is summed over the ranks.
+    attn->q_norm = attn->replace_module("q_norm", tp_rms_norm(attn->q_norm, cfg.num_attention_heads * d));
+    attn->k_norm = attn->replace_module("k_norm", tp_rms_norm(attn->k_norm, cfg.num_key_value_heads * d));
+    ModuleSharding q = output_only(split(-1, d)), k = output_only(kv_out);
+    q.params["weight"] = split(0, d);
+    k.params["weight"] = kv_rows;
+    declare(*attn->q_norm, q);
+    declare(*attn->k_norm, k);
+  }
+  declare(*attn->hook_attn_probs, output_only(split(1)));
+  declare(*attn->hook_head_out, output_only(split(2)));
+
+  auto mlp = std::make_shared<DecoderMLP>(arch, cfg, topts, il);
+  block->mlp = block->replace_module("mlp", mlp);
+  if (mlp->gate_up_proj) {
+    const std::vector<int64_t> gu{cfg.intermediate_size, cfg.intermediate_size};
+    declare(*mlp->gate_up_proj, column(ShardSpec::fused(-1, gu), ShardSpec::fused(0, gu), ShardSpec::fused(0, gu)));
+    column_parallel(*mlp->gate_up_proj);
+  } else {
+    declare(*mlp->gate_proj, column(split(-1), split(0), split(0)));
+    declare(*mlp->up_proj, column(split(-1), split(0), split(0)));
+    column_parallel(*mlp->gate_proj);
+    column_parallel(*mlp->up_proj);
+  }
+  declare(*mlp->act_fn, output_only(split(-1)));
+  declare(*mlp->down_proj, row(split(1), 1));
+  row_parallel(*mlp->down_proj);
 }
 
 }  // namespace flex

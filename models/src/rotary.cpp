@@ -31,6 +31,14 @@ at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& s) {
   return at::where(medium, smoothed, scaled);
 }
 
+// Phi-3 longrope: each frequency divided by its short- or long-context factor.
+at::Tensor longrope_inv_freq(const ModelConfig& cfg, int64_t dim, bool long_context) {
+  const auto& f = long_context ? cfg.rope_scaling.long_factor : cfg.rope_scaling.short_factor;
+  at::Tensor ext = at::tensor(f, at::kDouble).to(at::kFloat);
+  at::Tensor exps = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat).div(dim);
+  return at::reciprocal(ext * at::pow(cfg.rope_theta, exps));
+}
+
 }  // namespace
 
 at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
@@ -39,6 +47,7 @@ at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
   if (s.rope_type == "default") return default_inv_freq(cfg.rope_theta, dim, cpu);
   if (s.rope_type == "linear") return default_inv_freq(cfg.rope_theta, dim, cpu) / s.factor;
   if (s.rope_type == "llama3") return llama3_inv_freq(default_inv_freq(cfg.rope_theta, dim, cpu), s);
+  if (s.rope_type == "longrope") return longrope_inv_freq(cfg, dim, seq_len > s.original_max_position_embeddings);
   if (s.rope_type == "dynamic") {
     const double max_pos = static_cast<double>(cfg.max_position_embeddings);
     const double len = seq_len > cfg.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;
@@ -60,12 +69,15 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 }
 
 RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t d)
-    : Module(std::move(class_name)), dim(d), cfg_(cfg), max_seq_len_cached_(cfg.max_position_embeddings) {
+    : Module(std::move(class_name)),
+      dim(d),
+      cfg_(cfg),
+      max_seq_len_cached_(cfg.rope_scaling.rope_type == "longrope" ? 0 : cfg.max_position_embeddings) {
   add_buffer("inv_freq", inv_freq, rope_inv_freq(cfg_, dim), /*persistent=*/false);
 }
 
 void RotaryEmbedding::reset_buffers(const at::Device& device) {
-  max_seq_len_cached_ = cfg_.max_position_embeddings;
+  max_seq_len_cached_ = cfg_.rope_scaling.rope_type == "longrope" ? 0 : cfg_.max_position_embeddings;
   set_tensor("inv_freq", rope_inv_freq(cfg_, dim).to(device));
 }
 
@@ -85,10 +97,24 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::compute(const at::Tensor& x, 
       max_seq_len_cached_ = cfg_.max_position_embeddings;
     }
   }
+  double scale = 1.0;
+  if (cfg_.rope_scaling.rope_type == "longrope") {
+    // Short or long factors by the length the positions reach (as Phi-3 does
+    // per call), and cos/sin scaled by the attention factor.
+    const int64_t seq_len = position_ids.numel() ? position_ids.max().item<int64_t>() + 1 : 0;
+    const bool want_long = seq_len > cfg_.rope_scaling.original_max_position_embeddings;
+    if (want_long != (max_seq_len_cached_ > cfg_.rope_scaling.original_max_position_embeddings)) {
+      set_tensor("inv_freq", rope_inv_freq(cfg_, dim, seq_len).to(inv_freq.device()));
+      max_seq_len_cached_ = want_long ? seq_len : 0;
+    }
+    scale = cfg_.rope_scaling.attention_factor;
+  }
   at::Tensor pos = position_ids.to(inv_freq.device(), at::kFloat);
   at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(at::kFloat);  // [P, T, dim/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(x.device(), x.scalar_type()), emb.sin().to(x.device(), x.scalar_type())};
+  at::Tensor cos = emb.cos(), sin = emb.sin();
+  if (scale != 1.0) cos = cos * scale, sin = sin * scale;
+  return {cos.to(x.device(), x.scalar_type()), sin.to(x.device(), x.scalar_type())};
 }
 
 Value RotaryEmbedding::forward(Inputs inputs) {

@@ -207,7 +207,8 @@ TEST_P(FixtureDeviceMaps, TransformersAutoEndToEnd) {
   EXPECT_EQ(flex::resolve_device_map(*f.model, "auto", o), map_from_object(e2e["hf_device_map"]));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FixtureDeviceMaps, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied"),
+INSTANTIATE_TEST_SUITE_P(Models, FixtureDeviceMaps, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2",
+                                                                   "gemma2", "phi3", "olmo2"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            for (auto& c : n)

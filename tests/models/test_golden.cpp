@@ -28,7 +28,12 @@ std::vector<Case> cases() {
           {"gpt-neox", "gpt-neox", "gpt-neox"},
           {"llama3-rope-tied", "llama3-rope-tied", "llama3-rope-tied"},
           {"llama-sharded", "llama", "llama"},
-          {"llama-bf16", "llama-bf16-as-f32", "llama"}};
+          {"llama-bf16", "llama-bf16-as-f32", "llama"},
+          {"mistral", "mistral", "mistral"},
+          {"qwen2", "qwen2", "qwen2"},
+          {"gemma2", "gemma2", "gemma2"},
+          {"phi3", "phi3", "phi3"},
+          {"olmo2", "olmo2", "olmo2"}};
 }
 
 struct Capture {
@@ -106,10 +111,20 @@ TEST_P(Golden, NamesStateDictAndBuffersMatch) {
   auto model = load_pretrained(models_test::model_dir(c.model), at::kFloat);
   auto lj = models_test::golden_json(c.layout);
 
-  std::vector<std::string> names;
+  // First-wave files list names; the second wave lists [name, class] pairs.
+  std::vector<std::string> names, expected_names;
   for (auto& [name, mod] : model->named_flex_modules())
     if (!is_hook_point_name(name)) names.push_back(name);
-  EXPECT_EQ(names, lj["named_modules"].get<std::vector<std::string>>());
+  for (const auto& e : lj["named_modules"]) {
+    if (e.is_string()) {
+      expected_names.push_back(e.get<std::string>());
+      continue;
+    }
+    const std::string n = e[0];
+    expected_names.push_back(n);
+    EXPECT_EQ(n.empty() ? model->class_name() : model->get_submodule(n)->class_name(), e[1].get<std::string>()) << n;
+  }
+  EXPECT_EQ(names, expected_names);
 
   std::vector<std::string> keys;
   for (auto& [k, t] : state_dict(*model)) keys.push_back(k);

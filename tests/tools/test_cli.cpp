@@ -70,7 +70,10 @@ TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
   EXPECT_TRUE(at::equal(out->get("input_ids"), ref->get("input_ids")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CliCapture, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied"), name_of);
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliCapture,
+                         ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2", "gemma2",
+                                           "phi3", "olmo2"),
+                         name_of);
 
 TEST(CliCapture, ExplicitDiskMapFileAndStreamDir) {
   // Transformers' own CPU + disk map for GPT-2 (fixture), given as a file, and
@@ -181,7 +184,10 @@ TEST_P(CliInspect, JsonReproducesFixtureDeviceMapsAndSizes) {
   EXPECT_TRUE(sizes_checked);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CliInspect, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied"), name_of);
+INSTANTIATE_TEST_SUITE_P(Fixtures, CliInspect,
+                         ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2", "gemma2",
+                                           "phi3", "olmo2"),
+                         name_of);
 
 TEST(CliInspect, HumanReadableAndArchitecture) {
   auto r = run({"inspect", flex_test::fixture("models/gpt2"), "--max-memory", "cpu=1GiB", "--json"});

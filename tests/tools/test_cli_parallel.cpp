@@ -91,6 +91,12 @@ static std::string case_name(const ::testing::TestParamInfo<std::tuple<std::stri
 INSTANTIATE_TEST_SUITE_P(Models, CliParallelCapture,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "gpt-neox"), ::testing::ValuesIn(kMeshes)),
                          case_name);
+// The second-wave Llama family at tp=2 (fused qkv/gate_up, q/k norms over the
+// split projection, soft-caps), pp=2 and dp=2.
+INSTANTIATE_TEST_SUITE_P(ZooII, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("mistral", "qwen2", "gemma2", "phi3", "olmo2"),
+                                            ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{1, 1, 2})),
+                         case_name);
 INSTANTIATE_TEST_SUITE_P(MoreFixtures, CliParallelCapture,
                          ::testing::Combine(::testing::Values("llama3-rope-tied", "llama-sharded", "llama-bf16"),
                                             ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 2})),

@@ -46,14 +46,21 @@ class LayerNorm : public Module {
   double eps;
 };
 
-/// w * (x * rsqrt(mean(x^2) + eps)), computed in float32 (Llama's RMSNorm).
+/// RMSNorm: x * rsqrt(mean(x^2) + eps) computed in float32, then scaled. The
+/// architectures differ in where the result goes back to x's dtype and in the
+/// scale (visible only below float32):
+///   Weight:          w * n.to(dtype)             (Llama, Mistral, Qwen, Phi-3)
+///   WeightThenCast:  (w * n).to(dtype)           (OLMo 2)
+///   OnePlusWeight:   (n * (1 + w.float())).to(dtype), w starts at 0 (Gemma)
 class RMSNorm : public Module {
  public:
+  enum class Scale { Weight, WeightThenCast, OnePlusWeight };
   RMSNorm(int64_t dim, double eps = 1e-6, std::string class_name = "LlamaRMSNorm",
-          const at::TensorOptions& options = {});
+          const at::TensorOptions& options = {}, Scale scale = Scale::Weight);
   Value forward(Inputs inputs) override;
   at::Tensor weight;
   double eps;
+  Scale scale;
 };
 
 /// Returns its input: a named hook point (FlexModel's DummyModule).

@@ -4,6 +4,7 @@
 // as AutoModelForCausalLM.from_pretrained does, through flex::Checkpoint.
 #include <flex/models/causal_lm.h>
 #include <flex/models/config.h>
+#include <flex/models/decoder.h>
 #include <flex/models/gpt2.h>
 #include <flex/models/gpt_neox.h>
 #include <flex/models/llama.h>

@@ -1,5 +1,6 @@
 #pragma once
-// Hugging Face config.json for the causal LMs of the zoo (gpt2, llama, gpt_neox).
+// Hugging Face config.json for the causal LMs of the zoo (gpt2, gpt_neox and
+// the Llama family: llama, mistral, qwen2, qwen3, gemma2, phi3, olmo2).
 //
 // Each architecture's own field names are mapped to one set of parsed fields
 // (GPT-2's n_embd and Llama's hidden_size both land in hidden_size). The size
@@ -14,13 +15,17 @@
 
 namespace flex {
 
-/// rope_scaling of Llama / GPT-NeoX ("type" or "rope_type").
+/// rope_scaling ("type" or "rope_type").
 struct RopeScaling {
-  std::string rope_type = "default";  // default | linear | dynamic | llama3
+  std::string rope_type = "default";  // default | linear | dynamic | llama3 | longrope
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 0;  // llama3 (and dynamic's reset point)
+  int64_t original_max_position_embeddings = 0;  // llama3, longrope (and dynamic's reset point)
+  // longrope (Phi-3 128k): per-frequency divisors for positions within /
+  // beyond original_max_position_embeddings, and the cos/sin scale.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -46,12 +51,20 @@ struct ModelConfig {
   double rotary_pct = 1.0;  // gpt_neox: fraction of each head that is rotated
 
   // Layout switches.
-  bool attention_bias = false;        // llama q/k/v/o bias; gpt_neox biases
+  bool attention_bias = false;        // o_proj bias (and q/k/v unless qkv_bias says otherwise); gpt_neox biases
+  bool qkv_bias = false;              // q/k/v projection biases (Qwen2: always)
   bool mlp_bias = false;              // llama
   bool use_parallel_residual = true;  // gpt_neox
   bool scale_attn_weights = true;     // gpt2
   bool scale_attn_by_inverse_layer_idx = false;  // gpt2
   bool reorder_and_upcast_attn = false;          // gpt2
+
+  // Attention variants of the Llama family (0 = off).
+  int64_t sliding_window = 0;         // a query sees itself and the window - 1 keys before it
+  int64_t sliding_window_pattern = 1; // layer i slides iff i % pattern == 0 (Gemma 2: 2)
+  double query_pre_attn_scalar = 0;   // Gemma 2: scores * scalar^-0.5 (0: head_dim)
+  double attn_logit_softcapping = 0;  // Gemma 2: tanh(s / cap) * cap on the scores
+  double final_logit_softcapping = 0; // Gemma 2: the same on the logits
 
   std::optional<int64_t> bos_token_id, pad_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id may be one id or a list
@@ -61,12 +74,19 @@ struct ModelConfig {
   int64_t rotary_dim() const;
   /// The Hugging Face class name of the causal LM ("GPT2LMHeadModel", ...).
   std::string causal_lm_class() const;
+  /// Whether layer `layer` attends through the sliding window.
+  bool layer_slides(int64_t layer) const {
+    return sliding_window > 0 && layer % sliding_window_pattern == 0;
+  }
 };
 
 /// Reads `<dir>/config.json`, or the given .json file. Throws IOError when the
 /// file is missing, FileFormatError when it is not JSON, ConfigError for an
 /// unknown model_type or a missing / ill-typed / inconsistent field.
 ModelConfig load_config(const std::string& dir_or_config_json);
+
+/// The model_type values parse_config accepts, comma-separated, for messages.
+std::string supported_model_types();
 
 /// Parses an already-read config; `source` names it in messages.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& source = "<config>");

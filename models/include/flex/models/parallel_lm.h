@@ -59,6 +59,8 @@
 namespace flex {
 
 class Checkpoint;
+class RMSNorm;
+struct DecoderArch;
 
 struct ParallelLMOptions {
   /// Parameter dtype; unset: float32.
@@ -99,6 +101,11 @@ class ParallelCausalLM : public Module {
 
  private:
   void shard_block(int64_t index);
+  void shard_decoder_block(const DecoderArch& arch, int64_t index);
+  /// How key/value heads (or rows of their projections) spread over tp along
+  /// `dim`, in units of `unit` (a head: head_dim).
+  ShardSpec kv_heads_spec(const ModelConfig& cfg, int64_t dim, int64_t unit) const;
+  std::shared_ptr<RMSNorm> tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, int64_t whole_dim) const;
   void declare(const Module& m, ModuleSharding s) { layout_->declare(m, std::move(s)); }
   void row_parallel(Module& m);
   void column_parallel(Module& m);
@@ -113,6 +120,7 @@ class ParallelCausalLM : public Module {
   int64_t first_block_ = 0, last_block_ = 0;
   std::vector<std::shared_ptr<Module>> blocks_;
   std::shared_ptr<Module> base_module_, embedding_, head_, norm_, rotary_, pos_embedding_, emb_dropout_;
+  double embed_scale_ = 0;  // Gemma: embeddings * sqrt(hidden)
   std::vector<std::string> owned_prefixes_;
   std::vector<std::vector<std::string>> tied_;
 };

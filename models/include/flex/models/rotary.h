@@ -3,7 +3,11 @@
 // model-level module (model.rotary_emb / gpt_neox.rotary_emb) returns
 // (cos, sin) of shape [P, T, rotary_dim] for the position ids, and every
 // attention layer rotates q and k with the rotate_half convention.
-// Supported rope types: default, linear, dynamic (NTK), llama3.
+// Supported rope types: default, linear, dynamic (NTK), llama3, longrope
+// (Phi-3: short or long per-frequency factors chosen by the length the
+// positions reach, cos/sin scaled by the attention factor). Architectures
+// whose layers each compute RoPE (Mistral, Gemma 2, Phi-3, OLMo 2) call a
+// per-attention module with the same interface.
 #include <flex/hooks/module.h>
 #include <flex/models/config.h>
 
@@ -21,7 +25,8 @@ class ComputedBuffers {
 };
 
 /// inv_freq (float32, [dim / 2]) for `rope_type`. `seq_len` only matters for
-/// "dynamic" (0 = the config's max_position_embeddings).
+/// "dynamic" and "longrope" (0 = the config's max_position_embeddings for
+/// dynamic, the short factors for longrope).
 at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len = 0);
 
 /// rotate_half: cat(-x[..., d/2:], x[..., :d/2]).

@@ -1,0 +1,169 @@
+#pragma once
+// The Llama family: decoder-only transformers with RMSNorm, rotary
+// grouped-query attention and a gated MLP. Llama, Mistral, Qwen2, Qwen3,
+// Gemma 2, Phi-3 and OLMo 2 are the same five classes here; a DecoderArch
+// lists what one architecture does differently (where RoPE is computed,
+// fused projections, q/k norms, where the norms sit, embedding scale, ...),
+// and the config supplies the numbers (sliding window, soft-caps, biases).
+// Every architecture's DecoderArch is in decoder_archs.cpp, one short
+// function each: adding the next Llama-like model is a new entry there.
+//
+// Names and classes are Transformers 4.47's (eager attention), with the
+// architecture's prefix: <P>ForCausalLM { model: <P>Model { embed_tokens,
+// [embed_dropout], layers.N: <P>DecoderLayer { self_attn: <P>Attention {
+// q_proj, k_proj, v_proj | qkv_proj, o_proj, [rotary_emb], [q_norm, k_norm] },
+// mlp: <P>MLP { gate_proj, up_proj | gate_up_proj, down_proj, act_fn |
+// activation_fn }, the norms }, norm, [rotary_emb] }, lm_head }. Each
+// module is called in the architecture's own order. Hook points as in
+// causal_lm.h; hook_attn_probs holds the probabilities after soft-capping,
+// the causal mask, padding and the sliding window.
+//
+// Sliding window (Mistral, Phi-3, Gemma 2's even layers): key j is visible to
+// query i iff i - window < j <= i, counted in cache positions, so decoding
+// with the KV cache gives what recomputing the whole sequence gives.
+#include <flex/hooks/nn.h>
+#include <flex/models/causal_lm.h>
+#include <flex/models/rotary.h>
+
+#include <string>
+
+namespace flex {
+
+/// What one Llama-family architecture does differently.
+struct DecoderArch {
+  /// Class-name prefix: "Llama" gives LlamaForCausalLM, LlamaModel, ...
+  std::string prefix;
+
+  /// Where cos/sin come from: one model.rotary_emb (with per-layer copies
+  /// that 4.47 keeps but never calls: Llama, Qwen2), one model.rotary_emb only
+  /// (Qwen3), or each self_attn.rotary_emb, called after the projections
+  /// (Mistral, Gemma 2, Phi-3, OLMo 2).
+  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer };
+  Rope rope = Rope::ModelWithIdleLayerCopies;
+
+  /// q/k RMSNorms: over the whole projection before the head split (OLMo 2)
+  /// or per head over head_dim (Qwen3).
+  enum class QKNorm { None, Projection, PerHead };
+  QKNorm qk_norm = QKNorm::None;
+
+  /// Where the block's norms sit:
+  ///   Pre:      h += attn(input_ln(h)); h += mlp(post_attention_ln(h))
+  ///   Sandwich: h += post_attention_ln(attn(input_ln(h)));
+  ///             h += post_feedforward_ln(mlp(pre_feedforward_ln(h)))   (Gemma 2)
+  ///   Post:     h += post_attention_ln(attn(h)); h += post_feedforward_ln(mlp(h)) (OLMo 2)
+  enum class Norms { Pre, Sandwich, Post };
+  Norms norms = Norms::Pre;
+
+  bool fused_qkv = false;           // qkv_proj = [q | k | v] rows (Phi-3)
+  bool fused_gate_up = false;       // gate_up_proj = [gate | up] rows (Phi-3)
+  bool residual_dropouts = false;   // resid_attn/mlp_dropout + idle embed_dropout (Phi-3)
+  std::string act_name = "act_fn";  // the MLP's activation child ("activation_fn" in Phi-3)
+  RMSNorm::Scale norm_scale = RMSNorm::Scale::Weight;
+  bool scale_embeddings = false;    // embeddings * sqrt(hidden), in the hidden dtype (Gemma)
+  /// Scores as q.k * scale (Gemma 2, Qwen3) instead of q.k / sqrt(head_dim):
+  /// the same number up to rounding, kept to match bit for bit.
+  bool multiply_scale = false;
+
+  std::string cls(const std::string& suffix) const { return prefix + suffix; }
+};
+
+/// The DecoderArch of a Llama-family model_type; nullptr for other types.
+const DecoderArch* decoder_arch(const std::string& model_type);
+
+/// Which heads an attention module holds: all of them in one process, a
+/// tensor-parallel rank's share otherwise. Query head q_first + i uses key/value
+/// head (q_first + i) / group, stored locally at that index minus kv_first.
+struct AttentionHeads {
+  int64_t q_first = 0, q_count = 0, kv_first = 0, kv_count = 0;
+  int64_t group = 1;  // query heads per key/value head in the whole model
+  static AttentionHeads all(const ModelConfig& cfg);
+};
+
+class DecoderAttention : public Module {
+ public:
+  DecoderAttention(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts,
+                   AttentionHeads heads = {});
+  Value forward(Inputs inputs) override;
+  /// Null where the architecture has the fused qkv_proj instead, and the reverse.
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, qkv_proj, o_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;      // OLMo 2, Qwen3
+  std::shared_ptr<RotaryEmbedding> rotary_emb;  // null in Qwen3
+  std::shared_ptr<Identity> hook_attn_probs, hook_head_out;
+  const AttentionHeads& heads() const { return heads_; }
+
+ private:
+  at::Tensor project(const std::shared_ptr<Linear>& proj, const std::shared_ptr<RMSNorm>& norm, const at::Tensor& x,
+                     int64_t n_heads);
+  DecoderArch arch_;
+  ModelConfig cfg_;
+  int64_t layer_idx_;
+  AttentionHeads heads_;
+  at::Tensor kv_index_;  // local kv head of each local query head, when not a plain repeat
+};
+
+class DecoderMLP : public Module {
+ public:
+  /// `intermediate` overrides the config's (a tensor-parallel rank's share).
+  DecoderMLP(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t intermediate = 0);
+  Value forward(Inputs inputs) override;
+  std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;  // gate/up or gate_up
+  std::shared_ptr<Activation> act_fn;
+};
+
+class DecoderLayer : public Module {
+ public:
+  DecoderLayer(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts);
+  Value forward(Inputs inputs) override;
+  std::shared_ptr<DecoderAttention> self_attn;
+  std::shared_ptr<DecoderMLP> mlp;
+  /// Null where the architecture has no such norm.
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+      post_feedforward_layernorm;
+  std::shared_ptr<Dropout> resid_attn_dropout, resid_mlp_dropout;  // Phi-3
+  std::shared_ptr<Identity> hook_resid_pre, hook_resid_mid, hook_resid_post;
+
+ private:
+  DecoderArch arch_;
+};
+
+class DecoderModel : public Module {
+ public:
+  DecoderModel(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts);
+  Value forward(Inputs inputs) override;
+  /// The embedding lookup, times sqrt(hidden) where the architecture scales it.
+  at::Tensor embed(const at::Tensor& input_ids);
+  std::shared_ptr<Embedding> embed_tokens;
+  std::shared_ptr<Dropout> embed_dropout;  // Phi-3: exists, never called
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<RotaryEmbedding> rotary_emb;  // null where the layers compute RoPE
+  const DecoderArch& arch() const { return arch_; }
+
+ private:
+  DecoderArch arch_;
+  ModelConfig cfg_;
+};
+
+class DecoderForCausalLM : public CausalLM {
+ public:
+  DecoderForCausalLM(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts = {});
+  std::vector<std::string> no_split_modules() const override { return {arch_.cls("DecoderLayer")}; }
+  std::string base_model_prefix() const override { return "model"; }
+  std::shared_ptr<Embedding> input_embeddings() const override { return model->embed_tokens; }
+  std::shared_ptr<Linear> output_embeddings() const override { return lm_head; }
+  std::shared_ptr<Module> base_model() const override { return model; }
+  /// The base model's forward, lm_head, then the final soft-cap (Gemma 2).
+  Value forward(Inputs inputs) override;
+  const DecoderArch& arch() const { return arch_; }
+
+  std::shared_ptr<DecoderModel> model;
+  std::shared_ptr<Linear> lm_head;
+
+ private:
+  DecoderArch arch_;
+};
+
+/// tanh(x / cap) * cap (Gemma 2's attention and final logit soft-capping).
+at::Tensor soft_cap(const at::Tensor& x, double cap);
+
+}  // namespace flex

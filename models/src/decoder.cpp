@@ -1,0 +1,302 @@
+// The Llama family's modules (decoder.h). Every difference between the
+// architectures is a DecoderArch switch or a config number; the order in which
+// children are registered and called is each architecture's own, so names,
+// named_modules() and hook order match Transformers.
+#include "common.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/models/decoder.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace flex {
+
+using detail::first_tensor;
+using Arch = DecoderArch;
+
+at::Tensor soft_cap(const at::Tensor& x, double cap) { return at::tanh(x / cap) * cap; }
+
+AttentionHeads AttentionHeads::all(const ModelConfig& cfg) {
+  AttentionHeads h;
+  h.q_count = cfg.num_attention_heads;
+  h.kv_count = cfg.num_key_value_heads;
+  h.group = cfg.num_attention_heads / cfg.num_key_value_heads;
+  return h;
+}
+
+namespace {
+
+std::shared_ptr<RMSNorm> rms_norm(const Arch& arch, const ModelConfig& cfg, int64_t dim, const at::TensorOptions& opts) {
+  return std::make_shared<RMSNorm>(dim, cfg.norm_eps, arch.cls("RMSNorm"), opts, arch.norm_scale);
+}
+
+std::shared_ptr<RotaryEmbedding> rotary(const Arch& arch, const ModelConfig& cfg) {
+  // Transformers 4.47 gives Phi-3's longrope module its own class.
+  const std::string cls = arch.prefix == "Phi3" && cfg.rope_scaling.rope_type == "longrope"
+                              ? "Phi3LongRoPEScaledRotaryEmbedding"
+                              : arch.cls("RotaryEmbedding");
+  return std::make_shared<RotaryEmbedding>(cls, cfg, cfg.head_dim);
+}
+
+std::shared_ptr<Linear> linear(int64_t in, int64_t out, bool bias, const at::TensorOptions& opts) {
+  return std::make_shared<Linear>(in, out, bias, opts);
+}
+
+// Key j visible to query i iff i - window < j, in cache positions (the
+// queries are the last t of s positions).
+at::Tensor window_mask(int64_t t, int64_t s, int64_t window, const c10::Device& device) {
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor q = at::arange(s - t, s, opts).unsqueeze(1);
+  at::Tensor k = at::arange(0, s, opts).unsqueeze(0);
+  return k.gt(q - window).view({1, 1, t, s});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Attention
+
+DecoderAttention::DecoderAttention(const Arch& arch, const ModelConfig& cfg, int64_t layer_idx,
+                                   const at::TensorOptions& opts, AttentionHeads heads)
+    : Module(arch.cls("Attention")),
+      arch_(arch),
+      cfg_(cfg),
+      layer_idx_(layer_idx),
+      heads_(heads.q_count > 0 ? heads : AttentionHeads::all(cfg)) {
+  const int64_t c = cfg.hidden_size, d = cfg.head_dim, h = heads_.q_count, kv = heads_.kv_count;
+  if (arch.fused_qkv) {
+    o_proj = add("o_proj", linear(h * d, c, cfg.attention_bias, opts));
+    qkv_proj = add("qkv_proj", linear(c, (h + 2 * kv) * d, cfg.qkv_bias, opts));
+  } else {
+    q_proj = add("q_proj", linear(c, h * d, cfg.qkv_bias, opts));
+    k_proj = add("k_proj", linear(c, kv * d, cfg.qkv_bias, opts));
+    v_proj = add("v_proj", linear(c, kv * d, cfg.qkv_bias, opts));
+    o_proj = add("o_proj", linear(h * d, c, cfg.attention_bias, opts));
+  }
+  if (arch.rope != Arch::Rope::Model) rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.qk_norm != Arch::QKNorm::None) {
+    const bool whole = arch.qk_norm == Arch::QKNorm::Projection;
+    q_norm = add("q_norm", rms_norm(arch, cfg, whole ? h * d : d, opts));
+    k_norm = add("k_norm", rms_norm(arch, cfg, whole ? kv * d : d, opts));
+  }
+  hook_attn_probs = add("hook_attn_probs", detail::hook_point());
+  hook_head_out = add("hook_head_out", detail::hook_point());
+
+  // A tensor-parallel share whose query heads do not start a key/value group
+  // (uneven splits) maps each query head to its key/value head explicitly.
+  std::vector<int64_t> index(h);
+  bool plain = kv > 0 && h % kv == 0 && h / kv == heads_.group;
+  for (int64_t i = 0; i < h; ++i) {
+    index[i] = (heads_.q_first + i) / heads_.group - heads_.kv_first;
+    if (index[i] < 0 || index[i] >= kv)
+      throw ConfigError(class_name() + ": query head " + std::to_string(heads_.q_first + i) +
+                        " needs a key/value head this share does not hold");
+    if (index[i] != i / heads_.group) plain = false;
+  }
+  if (!plain) kv_index_ = at::tensor(index, at::kLong);
+}
+
+at::Tensor DecoderAttention::project(const std::shared_ptr<Linear>& proj, const std::shared_ptr<RMSNorm>& norm,
+                                     const at::Tensor& x, int64_t n_heads) {
+  at::Tensor y = (*proj)(x);
+  if (norm && arch_.qk_norm == Arch::QKNorm::Projection) y = (*norm)(y);
+  y = y.view({x.size(0), x.size(1), n_heads, cfg_.head_dim});
+  if (norm && arch_.qk_norm == Arch::QKNorm::PerHead) y = (*norm)(y);
+  return y.transpose(1, 2);
+}
+
+Value DecoderAttention::forward(Inputs inputs) {
+  auto call = detail::read_block_call(inputs, class_name());
+  const at::Tensor& x = call.hidden;
+  const int64_t b = x.size(0), t = x.size(1), h = heads_.q_count, kvh = heads_.kv_count, d = cfg_.head_dim;
+  at::Tensor q, k, v;
+  if (qkv_proj) {
+    at::Tensor qkv = (*qkv_proj)(x);
+    q = qkv.narrow(-1, 0, h * d).view({b, t, h, d}).transpose(1, 2);
+    k = qkv.narrow(-1, h * d, kvh * d).view({b, t, kvh, d}).transpose(1, 2);
+    v = qkv.narrow(-1, (h + kvh) * d, kvh * d).view({b, t, kvh, d}).transpose(1, 2);
+  } else {
+    q = project(q_proj, q_norm, x, h);
+    k = project(k_proj, k_norm, x, kvh);
+    v = (*v_proj)(x).view({b, t, kvh, d}).transpose(1, 2);
+  }
+
+  at::Tensor cos = call.cos, sin = call.sin;
+  if (arch_.rope == Arch::Rope::PerLayer) {
+    at::Tensor pos = call.position_ids;
+    if (!pos.defined()) {
+      const int64_t past = call.cache ? call.cache->seq_length(layer_idx_) : 0;
+      pos = at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(0);
+    }
+    const Value cs = (*rotary_emb)(Inputs{v, pos});
+    cos = cs.toTupleRef().elements()[0].toTensor();
+    sin = cs.toTupleRef().elements()[1].toTensor();
+  }
+  if (!cos.defined())
+    throw NotFoundError(class_name() + " layer " + std::to_string(layer_idx_) +
+                        ": position_embeddings (cos, sin) is required; call it through its decoder layer / model");
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  if (call.cache) std::tie(k, v) = call.cache->update(layer_idx_, k, v);
+  if (kv_index_.defined()) {
+    const at::Tensor idx = kv_index_.to(k.device());
+    k = k.index_select(1, idx);
+    v = v.index_select(1, idx);
+  } else {
+    k = detail::repeat_kv(k, h / kvh);
+    v = detail::repeat_kv(v, h / kvh);
+  }
+
+  at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+  if (arch_.multiply_scale) {
+    const double scalar = cfg_.query_pre_attn_scalar > 0 ? cfg_.query_pre_attn_scalar : static_cast<double>(d);
+    scores = scores * std::pow(scalar, -0.5);
+  } else {
+    scores = scores / std::sqrt(static_cast<double>(d));
+  }
+  if (cfg_.attn_logit_softcapping > 0) scores = soft_cap(scores, cfg_.attn_logit_softcapping);
+  const int64_t s = k.size(2);
+  at::Tensor allowed = detail::effective_mask(call, t, s);
+  if (cfg_.layer_slides(layer_idx_) && s > 1) {
+    at::Tensor win = window_mask(t, s, cfg_.sliding_window, x.device());
+    allowed = allowed.defined() ? allowed.logical_and(win) : win;
+  }
+  at::Tensor probs = detail::masked_softmax(scores, allowed, /*upcast=*/true);
+  probs = (*hook_attn_probs)(probs);
+  const double p = detail::raw_number(cfg_, "attention_dropout", 0.0);
+  if (is_training() && p > 0) probs = at::dropout(probs, p, true);
+  at::Tensor z = at::matmul(probs, v).transpose(1, 2);  // [B, T, H, D]
+  z = (*hook_head_out)(z);
+  at::Tensor out = (*o_proj)(z.reshape({b, t, h * d}));
+  return detail::tuple_of({out, Value(), Value()});
+}
+
+// ---------------------------------------------------------------------------
+// MLP
+
+DecoderMLP::DecoderMLP(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t inter)
+    : Module(arch.cls("MLP")) {
+  const int64_t c = cfg.hidden_size, i = inter > 0 ? inter : cfg.intermediate_size;
+  if (arch.fused_gate_up) {
+    gate_up_proj = add("gate_up_proj", linear(c, 2 * i, cfg.mlp_bias, opts));
+  } else {
+    gate_proj = add("gate_proj", linear(c, i, cfg.mlp_bias, opts));
+    up_proj = add("up_proj", linear(c, i, cfg.mlp_bias, opts));
+  }
+  down_proj = add("down_proj", linear(i, c, cfg.mlp_bias, opts));
+  act_fn = add(arch.act_name, std::make_shared<Activation>(cfg.hidden_act));
+}
+
+Value DecoderMLP::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  if (gate_up_proj) {
+    at::Tensor gu = (*gate_up_proj)(x);
+    const int64_t i = gu.size(-1) / 2;
+    return (*down_proj)(gu.narrow(-1, i, i) * (*act_fn)(gu.narrow(-1, 0, i)));
+  }
+  at::Tensor gated = (*act_fn)((*gate_proj)(x));
+  return (*down_proj)(gated * (*up_proj)(x));
+}
+
+// ---------------------------------------------------------------------------
+// Decoder layer
+
+DecoderLayer::DecoderLayer(const Arch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts)
+    : Module(arch.cls("DecoderLayer")), arch_(arch) {
+  const int64_t c = cfg.hidden_size;
+  self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
+  mlp = add("mlp", std::make_shared<DecoderMLP>(arch, cfg, opts));
+  if (arch.norms != Arch::Norms::Post) input_layernorm = add("input_layernorm", rms_norm(arch, cfg, c, opts));
+  if (arch.residual_dropouts) {
+    const double p = detail::raw_number(cfg, "resid_pdrop", 0.0);
+    resid_attn_dropout = add("resid_attn_dropout", std::make_shared<Dropout>(p));
+    resid_mlp_dropout = add("resid_mlp_dropout", std::make_shared<Dropout>(p));
+  }
+  post_attention_layernorm = add("post_attention_layernorm", rms_norm(arch, cfg, c, opts));
+  if (arch.norms == Arch::Norms::Sandwich)
+    pre_feedforward_layernorm = add("pre_feedforward_layernorm", rms_norm(arch, cfg, c, opts));
+  if (arch.norms != Arch::Norms::Pre)
+    post_feedforward_layernorm = add("post_feedforward_layernorm", rms_norm(arch, cfg, c, opts));
+  hook_resid_pre = add("hook_resid_pre", detail::hook_point());
+  hook_resid_mid = add("hook_resid_mid", detail::hook_point());
+  hook_resid_post = add("hook_resid_post", detail::hook_point());
+}
+
+Value DecoderLayer::forward(Inputs inputs) {
+  auto call = detail::read_block_call(inputs, class_name());
+  at::Tensor hidden = (*hook_resid_pre)(call.hidden);
+  const at::Tensor attn_in = input_layernorm ? (*input_layernorm)(hidden) : hidden;
+  at::Tensor a = first_tensor((*self_attn)(detail::attention_inputs(attn_in, call)), self_attn->class_name());
+  if (arch_.norms != Arch::Norms::Pre) a = (*post_attention_layernorm)(a);
+  if (resid_attn_dropout) a = (*resid_attn_dropout)(a);
+  hidden = (*hook_resid_mid)(hidden + a);
+
+  at::Tensor mlp_in = hidden;
+  if (arch_.norms == Arch::Norms::Pre) mlp_in = (*post_attention_layernorm)(hidden);
+  if (arch_.norms == Arch::Norms::Sandwich) mlp_in = (*pre_feedforward_layernorm)(hidden);
+  at::Tensor m = first_tensor((*mlp)(mlp_in), mlp->class_name());
+  if (post_feedforward_layernorm) m = (*post_feedforward_layernorm)(m);
+  if (resid_mlp_dropout) m = (*resid_mlp_dropout)(m);
+  hidden = (*hook_resid_post)(hidden + m);
+  return detail::tuple_of({hidden});
+}
+
+// ---------------------------------------------------------------------------
+// Base model and causal LM
+
+DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)
+    : Module(arch.cls("Model")), arch_(arch), cfg_(cfg) {
+  embed_tokens = add("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
+  if (arch.residual_dropouts)
+    embed_dropout = add("embed_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "embd_pdrop", 0.0)));
+  layers = add("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(arch, cfg, i, opts));
+  norm = add("norm", rms_norm(arch, cfg, cfg.hidden_size, opts));
+  if (arch.rope != Arch::Rope::PerLayer) rotary_emb = add("rotary_emb", rotary(arch, cfg));
+}
+
+at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {
+  at::Tensor hidden = (*embed_tokens)(input_ids);
+  // Gemma: the scale is a tensor of the hidden dtype (sqrt(3072) rounds in bf16).
+  if (arch_.scale_embeddings)
+    hidden = hidden * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.hidden_size)), hidden.options());
+  return hidden;
+}
+
+Value DecoderModel::forward(Inputs inputs) {
+  auto call = detail::read_call(inputs, cfg_, class_name());
+  const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
+  at::Tensor hidden = embed(call.input_ids);
+  at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
+  Value pe;
+  if (rotary_emb) pe = (*rotary_emb)(Inputs{hidden, call.position_ids});
+  std::vector<at::Tensor> states;
+  for (const auto& layer : layers->items()) {
+    if (call.output_hidden_states) states.push_back(hidden);
+    hidden = first_tensor((*layer)(detail::block_inputs(hidden, mask, call.cache, pe, call.position_ids)),
+                          layer->class_name());
+  }
+  hidden = (*norm)(hidden);
+  if (call.output_hidden_states) states.push_back(hidden);
+  return detail::tuple_of({hidden, KVCache::as_value(call.cache),
+                           call.output_hidden_states ? detail::hidden_states_value(states) : Value()});
+}
+
+DecoderForCausalLM::DecoderForCausalLM(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)
+    : CausalLM(arch.cls("ForCausalLM"), cfg), arch_(arch) {
+  model = add("model", std::make_shared<DecoderModel>(arch, cfg, opts));
+  lm_head = add("lm_head", linear(cfg.hidden_size, cfg.vocab_size, false, opts));
+  tie_weights();
+}
+
+Value DecoderForCausalLM::forward(Inputs inputs) {
+  Value out = CausalLM::forward(std::move(inputs));
+  if (cfg_.final_logit_softcapping <= 0) return out;
+  auto el = out.toTupleRef().elements().vec();
+  el[0] = soft_cap(el[0].toTensor(), cfg_.final_logit_softcapping);
+  return detail::tuple_of(std::move(el));
+}
+
+}  // namespace flex
