@@ -33,10 +33,11 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
   if (!mesh_.member()) throw ConfigError("ParallelCausalLM: this rank is not part of " + mesh_.describe());
   const ModelConfig& cfg = config();
   const int tp = mesh_.tp_size(), pp = mesh_.pp_size();
-  if (cfg.num_attention_heads % tp != 0 || cfg.num_key_value_heads % tp != 0)
-    throw ConfigError(cfg.source + ": " + str(cfg.num_attention_heads) + " attention heads and " +
-                      str(cfg.num_key_value_heads) + " key/value heads cannot be split over tp=" + str(tp) +
-                      " ranks (both must be multiples of tp)");
+  // Heads split as numpy.array_split (uneven where they must be); key/value
+  // heads follow the query heads that use them (parallel_shard.cpp).
+  if (cfg.num_attention_heads < tp)
+    throw ConfigError(cfg.source + ": " + str(cfg.num_attention_heads) + " attention heads cannot be split over tp=" +
+                      str(tp) + " ranks (every rank needs at least one head)");
   if (cfg.num_hidden_layers < pp)
     throw ConfigError(cfg.source + ": " + str(cfg.num_hidden_layers) + " layers cannot fill pp=" + str(pp) + " stages");
   tied_ = skeleton_->tied_parameters();

@@ -130,7 +130,8 @@ void ParallelCausalLM::shard_block(int64_t i) {
   const ModelConfig& cfg = config();
   const int tp = mesh_.tp_size();
   const int64_t c = cfg.hidden_size, d = cfg.head_dim;
-  const int64_t hl = cfg.num_attention_heads / tp, kvl = cfg.num_key_value_heads / tp;
+  // GPT-2 and GPT-NeoX have one key/value head per query head: heads split as numpy.array_split.
+  const int64_t hl = piece_range(cfg.num_attention_heads, 1, mesh_.tp_rank(), tp).length, kvl = hl;
   const int64_t il = piece_range(cfg.intermediate_size, 1, mesh_.tp_rank(), tp).length;
   ModelConfig lc = cfg;  // this rank's heads
   lc.num_attention_heads = hl;
@@ -204,7 +205,10 @@ AttentionHeads tp_heads(const ModelConfig& cfg, int rank, int tp) {
 }
 
 ShardSpec ParallelCausalLM::kv_heads_spec(const ModelConfig& cfg, int64_t dim, int64_t unit) const {
-  return ShardSpec::split(dim, unit == 0 ? cfg.head_dim : unit);
+  const int tp = mesh_.tp_size();
+  if (cfg.num_attention_heads % tp == 0 && cfg.num_key_value_heads % tp == 0) return ShardSpec::split(dim, unit);
+  return ShardSpec::kv_heads(dim, cfg.num_key_value_heads * unit, unit,
+                             cfg.num_attention_heads / cfg.num_key_value_heads);
 }
 
 std::shared_ptr<RMSNorm> ParallelCausalLM::tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, int64_t whole_dim) const {
@@ -230,7 +234,11 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
     // Fused [q | k | v] rows: each rank holds its heads of every block.
     const std::vector<int64_t> qkv{cfg.num_attention_heads * d, cfg.num_key_value_heads * d,
                                    cfg.num_key_value_heads * d};
-    declare(*attn->qkv_proj, column(ShardSpec::fused(-1, qkv, d), ShardSpec::fused(0, qkv, d), ShardSpec::fused(0, qkv, d)));
+    const bool even = cfg.num_attention_heads % tp == 0 && cfg.num_key_value_heads % tp == 0;
+    const int64_t g = cfg.num_attention_heads / cfg.num_key_value_heads;
+    const std::vector<int64_t> groups = even ? std::vector<int64_t>{} : std::vector<int64_t>{0, g, g};
+    declare(*attn->qkv_proj, column(ShardSpec::fused(-1, qkv, d, groups), ShardSpec::fused(0, qkv, d, groups),
+                                    ShardSpec::fused(0, qkv, d, groups)));
     column_parallel(*attn->qkv_proj);
   } else {
     declare(*attn->q_proj, column(split(-1, d), split(0, d), split(0, d)));

@@ -54,6 +54,7 @@ std::string ShardSpec::describe() const {
   s << "split(dim=" << dim;
   if (!blocks.empty()) s << ", blocks=" << shape_str(blocks);
   if (unit != 1) s << ", unit=" << unit;
+  if (!groups.empty()) s << ", kv_groups=" << shape_str(groups);
   s << ")";
   return s.str();
 }
@@ -76,12 +77,26 @@ Range piece_range(int64_t block_len, int64_t unit, int rank, int size) {
   return {start * unit, len * unit};
 }
 
+Range group_range(int64_t block_len, int64_t unit, int64_t group, int rank, int size) {
+  if (group < 1) throw ConfigError("a key/value group must be >= 1, got " + std::to_string(group));
+  if (unit < 1 || block_len % unit != 0)
+    throw ShapeError("cannot cut a block of " + std::to_string(block_len) + " into heads of " + std::to_string(unit));
+  const Range q = piece_range(block_len / unit * group, 1, rank, size);
+  const int64_t first = q.start / group, last = (q.start + q.length - 1) / group;
+  return {first * unit, (last - first + 1) * unit};
+}
+
 std::vector<Range> shard_ranges(const ShardSpec& spec, int64_t whole_len, int rank, int size) {
   if (!spec.is_split()) throw ConfigError("shard_ranges needs a split spec, got " + spec.describe());
   std::vector<Range> out;
   int64_t offset = 0;
-  for (int64_t b : block_lens(spec, whole_len)) {
-    Range r = piece_range(b, spec.unit, rank, size);
+  const auto lens = block_lens(spec, whole_len);
+  if (!spec.groups.empty() && spec.groups.size() != lens.size())
+    throw ConfigError("shard spec " + spec.describe() + ": one kv group per block is needed");
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int64_t b = lens[i];
+    const int64_t g = spec.groups.empty() ? 0 : spec.groups[i];
+    Range r = g > 0 ? group_range(b, spec.unit, g, rank, size) : piece_range(b, spec.unit, rank, size);
     r.start += offset;
     out.push_back(r);
     offset += b;
@@ -153,8 +168,24 @@ at::Tensor assemble(const ShardSpec& spec, const std::vector<at::Tensor>& pieces
                        std::to_string(size) + " ranks");
     }
   }
-  std::vector<at::Tensor> parts;
   const size_t nblocks = ranges[0].size();
+  bool overlapping = false;
+  for (int64_t g : spec.groups) overlapping = overlapping || g > 0;
+  if (overlapping) {
+    // Replicated key/value heads: place every rank's ranges (replicas agree).
+    std::vector<int64_t> shape = pieces[0].sizes().vec();
+    shape[d] = whole_len;
+    at::Tensor whole = at::empty(shape, pieces[0].options());
+    for (int r = 0; r < size; ++r) {
+      int64_t offset = 0;
+      for (size_t b = 0; b < nblocks; ++b) {
+        whole.narrow(d, ranges[r][b].start, ranges[r][b].length).copy_(pieces[r].narrow(d, offset, ranges[r][b].length));
+        offset += ranges[r][b].length;
+      }
+    }
+    return whole;
+  }
+  std::vector<at::Tensor> parts;
   for (size_t b = 0; b < nblocks; ++b) {
     for (int r = 0; r < size; ++r) {
       int64_t offset = 0;

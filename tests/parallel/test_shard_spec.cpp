@@ -158,3 +158,34 @@ TEST(ShardSpec, Describe) {
   EXPECT_EQ(ShardSpec::partial_sum().describe(), "partial_sum");
   EXPECT_EQ(ShardSpec::replicated().describe(), "replicated");
 }
+
+// Grouped-query key/value heads follow the array_split of the query heads:
+// 6 query heads over 2 ranks are [0,1,2] and [3,4,5]; with 3 kv heads
+// (group 2) rank 0 uses kv heads 0,1 and rank 1 kv heads 1,2. Worked by hand.
+TEST(ShardSpec, KvHeadsFollowTheQueryHeads) {
+  const int64_t d = 2;
+  const ShardSpec s = ShardSpec::kv_heads(-1, 3 * d, d, 2);
+  at::Tensor whole = at::arange(2 * 3 * d, at::kFloat).view({2, 3 * d});
+  EXPECT_TRUE(at::equal(shard_of(s, whole, 0, 2), whole.narrow(1, 0, 2 * d)));
+  EXPECT_TRUE(at::equal(shard_of(s, whole, 1, 2), whole.narrow(1, d, 2 * d)));
+  EXPECT_TRUE(at::equal(assemble(s, {shard_of(s, whole, 0, 2), shard_of(s, whole, 1, 2)}), whole));
+  // 4 query heads over 4 ranks, 2 kv heads: ranks 0,1 hold kv 0; ranks 2,3 kv 1.
+  const ShardSpec r = ShardSpec::kv_heads(0, 2 * d, d, 2);
+  at::Tensor w = at::arange(2 * d, at::kFloat);
+  std::vector<at::Tensor> pieces;
+  for (int rank = 0; rank < 4; ++rank) {
+    pieces.push_back(shard_of(r, w, rank, 4));
+    EXPECT_TRUE(at::equal(pieces.back(), w.narrow(0, rank < 2 ? 0 : d, d))) << rank;
+  }
+  EXPECT_TRUE(at::equal(assemble(r, pieces), w));
+  // Fused [q | k | v] with grouped k and v blocks: 4 q heads, 2 kv heads, tp=3.
+  const ShardSpec f = ShardSpec::fused(0, {4 * d, 2 * d, 2 * d}, d, {0, 2, 2});
+  at::Tensor qkv = at::arange(8 * d, at::kFloat);
+  std::vector<at::Tensor> fp;
+  for (int rank = 0; rank < 3; ++rank) fp.push_back(shard_of(f, qkv, rank, 3));
+  // rank 0: q heads 0,1 + kv 0; rank 1: q head 2 + kv 1; rank 2: q head 3 + kv 1.
+  EXPECT_TRUE(at::equal(fp[0], at::cat({qkv.narrow(0, 0, 2 * d), qkv.narrow(0, 4 * d, d), qkv.narrow(0, 6 * d, d)})));
+  EXPECT_TRUE(at::equal(fp[2], at::cat({qkv.narrow(0, 3 * d, d), qkv.narrow(0, 5 * d, d), qkv.narrow(0, 7 * d, d)})));
+  EXPECT_TRUE(at::equal(assemble(f, fp), qkv));
+  EXPECT_EQ(s.describe(), "split(dim=-1, blocks=[6], unit=2, kv_groups=[2])");
+}

@@ -97,6 +97,17 @@ INSTANTIATE_TEST_SUITE_P(ZooII, CliParallelCapture,
                          ::testing::Combine(::testing::Values("mistral", "qwen2", "gemma2", "phi3", "olmo2"),
                                             ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{1, 1, 2})),
                          case_name);
+// Heads that do not divide by tp: 4 query heads over tp=3 split [2, 1, 1] and
+// the 2 key/value heads follow them (rank 0 holds kv head 0, ranks 1 and 2
+// both hold kv head 1); over tp=4 each key/value head is on two ranks. The
+// vocabulary and the MLP split unevenly too (256 and 128 over 3).
+INSTANTIATE_TEST_SUITE_P(UnevenHeads, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "gpt-neox", "phi3", "olmo2", "gemma2"),
+                                            ::testing::Values(Mesh{3, 1, 1})),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(ReplicatedKvHeads, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("mistral", "qwen2"), ::testing::Values(Mesh{4, 1, 1})),
+                         case_name);
 INSTANTIATE_TEST_SUITE_P(MoreFixtures, CliParallelCapture,
                          ::testing::Combine(::testing::Values("llama3-rope-tied", "llama-sharded", "llama-bf16"),
                                             ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 2})),

@@ -14,6 +14,12 @@
 //    per-head [q k v] triple of 3*head_dim). Uneven splits follow
 //    numpy.array_split over units: the first (units % ranks) ranks get one
 //    unit more. A block of fewer units than ranks is rejected (ShapeError).
+//    Key/value heads of grouped-query attention follow the query heads
+//    instead (`groups`, one entry per block, 0 = plain): with G query heads
+//    per key/value head, rank r holds every key/value head its array_split
+//    share of the query heads uses, so a head is replicated on the ranks
+//    whose shares cut its group (3 KV heads over tp=2, 2 KV heads over tp=4).
+//    Gathering places each rank's heads at their position; replicas agree.
 //  - PartialSum: the whole tensor is the sum of the ranks' tensors (a
 //    row-parallel projection before its all-reduce); gathering reduces.
 #include <flex/parallel/communicator.h>
@@ -32,13 +38,19 @@ struct ShardSpec {
   int64_t dim = 0;              // Split: the sharded dim (negative counts from the end)
   std::vector<int64_t> blocks;  // Split: whole sizes of fused sub-blocks along dim
   int64_t unit = 1;             // Split: pieces are multiples of this
+  std::vector<int64_t> groups;  // Split: per block, query heads per key/value head (0 or empty: plain)
 
   static ShardSpec replicated() { return {}; }
-  static ShardSpec split(int64_t dim, int64_t unit = 1) { return {Kind::Split, dim, {}, unit}; }
-  static ShardSpec fused(int64_t dim, std::vector<int64_t> blocks, int64_t unit = 1) {
-    return {Kind::Split, dim, std::move(blocks), unit};
+  static ShardSpec split(int64_t dim, int64_t unit = 1) { return {Kind::Split, dim, {}, unit, {}}; }
+  static ShardSpec fused(int64_t dim, std::vector<int64_t> blocks, int64_t unit = 1, std::vector<int64_t> groups = {}) {
+    return {Kind::Split, dim, std::move(blocks), unit, std::move(groups)};
   }
-  static ShardSpec partial_sum() { return {Kind::PartialSum, 0, {}, 1}; }
+  /// `width` features of key/value heads (of `unit` features each) following
+  /// the array_split of `group` times as many query heads.
+  static ShardSpec kv_heads(int64_t dim, int64_t width, int64_t unit, int64_t group) {
+    return {Kind::Split, dim, {width}, unit, {group}};
+  }
+  static ShardSpec partial_sum() { return {Kind::PartialSum, 0, {}, 1, {}}; }
   /// GPT-NeoX's query_key_value: the dim is num_heads consecutive [q k v]
   /// triples of `per_head` (= 3*head_dim) features; ranks hold whole heads,
   /// so the pieces are contiguous and gathering is a concatenation.
@@ -50,7 +62,7 @@ struct ShardSpec {
   /// "split(dim=-1, blocks=[64,64,64], unit=16)", "partial_sum", "replicated".
   std::string describe() const;
   bool operator==(const ShardSpec& o) const {
-    return kind == o.kind && dim == o.dim && blocks == o.blocks && unit == o.unit;
+    return kind == o.kind && dim == o.dim && blocks == o.blocks && unit == o.unit && groups == o.groups;
   }
 };
 
@@ -61,6 +73,9 @@ struct Range {
 
 /// Rank `rank`'s range inside a block of `block_len` (multiple of `unit`), of `size` ranks.
 Range piece_range(int64_t block_len, int64_t unit, int rank, int size);
+/// The key/value heads (units) of a block of `block_len` that rank `rank`'s
+/// share of group * (block_len / unit) query heads uses.
+Range group_range(int64_t block_len, int64_t unit, int64_t group, int rank, int size);
 
 /// Rank `rank`'s ranges in a whole of `whole_len` along the dim, one per block, in whole coordinates.
 std::vector<Range> shard_ranges(const ShardSpec& spec, int64_t whole_len, int rank, int size);
