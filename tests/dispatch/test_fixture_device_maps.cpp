@@ -95,7 +95,8 @@ flex::InferDeviceMapOptions options_from(const json& scenario, const std::string
   static std::ostream discard(nullptr);  // the buffer warnings fire for most tiny GPU budgets
   o.log = &discard;
   const json kw = scenario.value("kwargs", json::object());
-  if (kw.contains("no_split_module_classes"))
+  // Absent (first wave) or null (second wave): no classes.
+  if (kw.contains("no_split_module_classes") && !kw["no_split_module_classes"].is_null())
     o.no_split_module_classes = kw["no_split_module_classes"].get<std::vector<std::string>>();
   if (kw.contains("dtype")) o.dtype = flex::dtype_from_string(kw["dtype"].get<std::string>());
   if (kw.contains("special_dtypes"))
@@ -118,7 +119,11 @@ TEST_P(FixtureDeviceMaps, ModuleSizes) {
                "float16");
   expect_sizes(flex::compute_module_sizes(*f.model, std::nullopt, {}, true),
                f.data["compute_module_sizes_buffers_only"]["sizes"], "buffers_only");
-  EXPECT_EQ(flex::compute_module_total_buffer_size(*f.model), f.data["compute_module_total_buffer_size"].get<double>());
+  // The second-wave files leave the total out: it is the buffers-only size of ''.
+  const double buffers = f.data.contains("compute_module_total_buffer_size")
+                             ? f.data["compute_module_total_buffer_size"].get<double>()
+                             : f.data["compute_module_sizes_buffers_only"]["sizes"][0][1].get<double>();
+  EXPECT_EQ(flex::compute_module_total_buffer_size(*f.model), buffers);
 }
 
 TEST_P(FixtureDeviceMaps, TiedParametersAndLargestLayer) {
@@ -133,11 +138,15 @@ TEST_P(FixtureDeviceMaps, TiedParametersAndLargestLayer) {
       names.push_back(m.name);
       members.push_back(std::move(m));
     }
-  EXPECT_EQ(names, f.data["modules_to_treat_initial"].get<std::vector<std::string>>());
+  if (f.data.contains("modules_to_treat_initial")) {
+    EXPECT_EQ(names, f.data["modules_to_treat_initial"].get<std::vector<std::string>>());
+  }
   const auto sizes = flex::compute_module_sizes(*f.model);
   const auto ml = flex::get_max_layer_size(members, sizes, f.data["no_split_module_classes"]);
-  EXPECT_EQ(ml.size, f.data["get_max_layer_size"]["max_layer_size"].get<double>());
-  EXPECT_EQ(ml.names, f.data["get_max_layer_size"]["layer_names"].get<std::vector<std::string>>());
+  // First wave: {"max_layer_size", "layer_names"}; second wave: [size, names].
+  const json& gm = f.data["get_max_layer_size"];
+  EXPECT_EQ(ml.size, gm.is_array() ? gm[0].get<double>() : gm["max_layer_size"].get<double>());
+  EXPECT_EQ(ml.names, (gm.is_array() ? gm[1] : gm["layer_names"]).get<std::vector<std::string>>());
   const auto maxs = flex::calculate_maximum_sizes(*f.model, f.model->no_split_modules());
   EXPECT_EQ(maxs.total, f.data["compute_module_sizes"]["sizes"][0][1].get<double>());
   EXPECT_EQ(maxs.largest_layer.size, ml.size);
@@ -171,7 +180,7 @@ TEST_P(FixtureDeviceMaps, InferAutoDeviceMapScenarios) {
     EXPECT_EQ(ours, map_from(s["device_map"])) << "ours: " << ours;
     ++checked;
   }
-  EXPECT_GE(checked, 30);
+  EXPECT_GE(checked, f.data.contains("balanced") ? 30 : 11);  // the second-wave files hold 11 scenarios
 }
 
 TEST_P(FixtureDeviceMaps, BalancedMemoryAndMaps) {

@@ -100,11 +100,13 @@ MaxMemory parse_max_memory(const std::string& text) {
   return mm;
 }
 
-at::ScalarType parse_dtype(const std::string& text) {
+at::ScalarType parse_dtype(const std::string& given) {
+  // Transformers' spelling ("torch.float16") is accepted too.
+  const std::string text = given.rfind("torch.", 0) == 0 ? given.substr(6) : given;
   if (text == "f32" || text == "float32" || text == "fp32" || text == "float") return at::kFloat;
   if (text == "bf16" || text == "bfloat16") return at::kBFloat16;
   if (text == "f16" || text == "float16" || text == "fp16" || text == "half") return at::kHalf;
-  throw UsageError("option --dtype: unknown dtype '" + text + "' (use f32, bf16 or f16)");
+  throw UsageError("option --dtype: unknown dtype '" + given + "' (use f32, bf16 or f16)");
 }
 
 std::string torch_dtype_name(at::ScalarType t) {
