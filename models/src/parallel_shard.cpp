@@ -87,17 +87,21 @@ ModuleSharding output_only(ShardSpec out) {
 
 // OLMo 2's q_norm / k_norm normalise the whole projection, which tensor
 // parallelism splits by head: each rank sums its squares, the sums are
-// all-reduced, and the mean is taken over the whole width.
+// all-reduced, and the mean is taken over the whole width. Key/value heads
+// replicated on neighbouring ranks are counted once: a rank skips the leading
+// `skip` features that the rank before it also holds.
 class TpRMSNorm : public RMSNorm {
  public:
-  TpRMSNorm(const RMSNorm& like, int64_t whole_dim, std::shared_ptr<Communicator> tp)
+  TpRMSNorm(const RMSNorm& like, int64_t whole_dim, int64_t skip, std::shared_ptr<Communicator> tp)
       : RMSNorm(like.weight.size(0), like.eps, like.class_name(), like.weight.options(), like.scale),
         whole_dim_(whole_dim),
+        skip_(skip),
         tp_(std::move(tp)) {}
   Value forward(Inputs inputs) override {
     const at::Tensor& x = inputs.tensor(0);
     at::Tensor h = x.to(at::kFloat);
-    at::Tensor sum = reduce_from_tp_region(h.pow(2).sum(-1, /*keepdim=*/true), tp_);
+    at::Tensor own = h.narrow(-1, skip_, h.size(-1) - skip_);
+    at::Tensor sum = reduce_from_tp_region(own.pow(2).sum(-1, /*keepdim=*/true), tp_);
     h = h * at::rsqrt(sum / static_cast<double>(whole_dim_) + eps);
     if (scale == Scale::WeightThenCast) return (weight * h).to(x.scalar_type());
     if (scale == Scale::OnePlusWeight) return (h * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
@@ -105,7 +109,7 @@ class TpRMSNorm : public RMSNorm {
   }
 
  private:
-  int64_t whole_dim_;
+  int64_t whole_dim_, skip_;
   std::shared_ptr<Communicator> tp_;
 };
 
@@ -211,9 +215,16 @@ ShardSpec ParallelCausalLM::kv_heads_spec(const ModelConfig& cfg, int64_t dim, i
                              cfg.num_attention_heads / cfg.num_key_value_heads);
 }
 
-std::shared_ptr<RMSNorm> ParallelCausalLM::tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, int64_t whole_dim) const {
-  if (mesh_.tp_size() == 1) return norm;
-  return std::make_shared<TpRMSNorm>(*norm, whole_dim, mesh_.tp_group());
+std::shared_ptr<RMSNorm> ParallelCausalLM::tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, const ShardSpec& spec,
+                                                       int64_t whole_dim) const {
+  const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
+  if (tp == 1) return norm;
+  int64_t skip = 0;
+  if (rank > 0) {
+    const Range prev = shard_ranges(spec, whole_dim, rank - 1, tp)[0], cur = shard_ranges(spec, whole_dim, rank, tp)[0];
+    skip = std::max<int64_t>(0, prev.start + prev.length - cur.start);
+  }
+  return std::make_shared<TpRMSNorm>(*norm, whole_dim, skip, mesh_.tp_group());
 }
 
 void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
@@ -255,8 +266,8 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
     declare(*attn->k_norm, output_only(kv_heads_spec(cfg, 2, 1)));
   } else if (arch.qk_norm == DecoderArch::QKNorm::Projection) {
     // Over the whole projection: the mean of squares is summed over the ranks.
-    attn->q_norm = attn->replace_module("q_norm", tp_rms_norm(attn->q_norm, cfg.num_attention_heads * d));
-    attn->k_norm = attn->replace_module("k_norm", tp_rms_norm(attn->k_norm, cfg.num_key_value_heads * d));
+    attn->q_norm = attn->replace_module("q_norm", tp_rms_norm(attn->q_norm, split(-1, d), cfg.num_attention_heads * d));
+    attn->k_norm = attn->replace_module("k_norm", tp_rms_norm(attn->k_norm, kv_out, cfg.num_key_value_heads * d));
     ModuleSharding q = output_only(split(-1, d)), k = output_only(kv_out);
     q.params["weight"] = split(0, d);
     k.params["weight"] = kv_rows;

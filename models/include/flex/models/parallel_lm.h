@@ -105,7 +105,9 @@ class ParallelCausalLM : public Module {
   /// How key/value heads (or rows of their projections) spread over tp along
   /// `dim`, in units of `unit` (a head: head_dim).
   ShardSpec kv_heads_spec(const ModelConfig& cfg, int64_t dim, int64_t unit) const;
-  std::shared_ptr<RMSNorm> tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, int64_t whole_dim) const;
+  /// OLMo 2's q/k norm over a projection spread as `spec`.
+  std::shared_ptr<RMSNorm> tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, const ShardSpec& spec,
+                                       int64_t whole_dim) const;
   void declare(const Module& m, ModuleSharding s) { layout_->declare(m, std::move(s)); }
   void row_parallel(Module& m);
   void column_parallel(Module& m);
