@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libtorch-dev libopenblas0-pthread
       libopenmpi-dev openmpi-bin
-      nlohmann-json3-dev libfmt-dev
+      nlohmann-json3-dev libfmt-dev libpcre2-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do

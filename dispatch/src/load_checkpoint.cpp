@@ -57,8 +57,35 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
   LoadCheckpointReport report;
   std::set<std::string> loaded;
   OffloadIndex disk_index;
+  // A transformed tensor goes where its model name is mapped, as it is.
+  auto place = [&](const std::string& file, const std::string& key, const at::Tensor& value) {
+    if (!model_tensors.count(key))
+      throw NotFoundError(file + ": the checkpoint tensor becomes '" + key + "', which the model does not have");
+    std::optional<MapDevice> dev = MapDevice::cpu();
+    if (opt.device_map) {
+      dev = opt.device_map->device_of(key);
+      if (!dev) throw DeviceMapError(key + " doesn't have any device set in the device map");
+    }
+    if (dev->is_disk()) {
+      if (!opt.offload_folder)
+        throw ConfigError("'" + key + "' is mapped to disk and is computed at load time (quantized): pass an offload_folder");
+      fs::create_directories(*opt.offload_folder);
+      offload_weight(value, key, *opt.offload_folder, disk_index);
+      set_module_tensor(model, key, at::empty(value.sizes(), value.options().device(at::kMeta)));
+    } else {
+      set_module_tensor(model, key, value.to(dev->torch_device()));
+    }
+    loaded.insert(key);
+  };
   for (const auto& file : ck.files()) {
     for (const auto& key : ck.keys_in(file)) {
+      if (opt.transform) {
+        auto produced = opt.transform(key, [&] { return ck.get(key); });
+        if (produced) {
+          for (const auto& [k, t] : *produced) place(file, k, t);
+          continue;
+        }
+      }
       auto mt = model_tensors.find(key);
       if (mt == model_tensors.end()) {
         report.unexpected_keys.push_back(key);
@@ -175,6 +202,7 @@ LoadCheckpointReport load_checkpoint_and_dispatch(Module& model, const std::stri
   lo.strict = opt.strict;
   lo.offload_buffers = opt.offload_buffers;
   lo.log = opt.log;
+  lo.transform = opt.transform;
   LoadCheckpointReport report = load_checkpoint_in_model(model, checkpoint, lo);
   if (!map) return report;
   DispatchOptions d;

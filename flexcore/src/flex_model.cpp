@@ -1,5 +1,7 @@
 #include <flex/flexcore/flex_model.h>
+#include <flex/hooks/token_rows.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/nn.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
@@ -160,8 +162,18 @@ at::Tensor FlexModel::forward(const at::Tensor& x, const std::vector<std::string
 }
 
 at::Tensor FlexModel::process(const HookFunction& hook, Module& module, const at::Tensor& local) {
+  return process_ordered(hook, module, local, at::Tensor());
+}
+
+at::Tensor FlexModel::process_ordered(const HookFunction& hook, Module& module, const at::Tensor& local,
+                                      const at::Tensor& order) {
   const HookFunctionOptions& o = hook.options();
   at::Tensor whole = router_ ? router_->gather(hook, module, local) : local;
+  at::Tensor back;  // the inverse of `order`
+  if (order.defined()) {
+    whole = whole.index_select(0, order.to(whole.device()));
+    back = at::argsort(order).to(whole.device());
+  }
   check_expected_shape(hook, whole);
   if (o.save && (!o.save_after_edit || !o.editing_function)) capture(hook, whole);
   if (!o.editing_function) return local;
@@ -171,11 +183,39 @@ at::Tensor FlexModel::process(const HookFunction& hook, Module& module, const at
     throw ShapeError(hook.describe() + ": editing function returned shape " + shape_str(edited.sizes()) +
                      " but the activation has shape " + shape_str(whole.sizes()));
   if (o.save && o.save_after_edit) capture(hook, edited);
+  if (back.defined()) edited = edited.index_select(0, back);
   if (!router_) return edited;
   at::Tensor piece = router_->scatter(hook, module, edited);
   if (distributed() && at::GradMode::is_enabled() && (piece.requires_grad() || local.requires_grad()))
     piece = EditedUnderMesh::apply(piece, local, hook.describe() + " under " + parallel_->mesh().describe());
   return piece;
+}
+
+at::Tensor FlexModel::process_token_rows(const HookFunction& hook, Module& module, const at::Tensor& local,
+                                        const TokenRows& rows) {
+  const at::Tensor& token = rows.token_index;
+  if (!parallel_ || parallel_->mesh().dp_size() == 1) {
+    at::Tensor out = process(hook, module, local);
+    if (hook.options().save) capture(hook, token, "#token_index");
+    return out;
+  }
+  // Each dp rank routed its own rows: rank r's token b*T + t is token
+  // (rows before r) + b*T + t of the whole batch, and the single-process
+  // order is by slot (first choice, second, ...), then by that global token.
+  const auto& dp = parallel_->mesh().dp_group();
+  const auto counts = dp->all_gather(at::full({1}, rows.token_count, at::kLong));
+  int64_t offset = 0, total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const int64_t n = counts[r].item<int64_t>();
+    if (static_cast<int>(r) < parallel_->mesh().dp_rank()) offset += n;
+    total += n;
+  }
+  const at::Tensor global = at::cat(dp->all_gather((token.to(at::kCPU) + offset).contiguous()), 0);
+  const at::Tensor slots = at::cat(dp->all_gather(rows.token_slot.to(at::kCPU).contiguous()), 0);
+  const at::Tensor order = at::argsort(slots * total + global);
+  at::Tensor out = process_ordered(hook, module, local, order);
+  if (hook.options().save) capture(hook, global.index_select(0, order), "#token_index");
+  return out;
 }
 
 bool FlexModel::distributed() const { return parallel_ && parallel_->mesh().shape().size() > 1; }
@@ -207,10 +247,10 @@ std::string FlexModel::capture_key(const HookFunction& hook) const {
   return hook.module_name();
 }
 
-void FlexModel::capture(const HookFunction& hook, const at::Tensor& t) {
+void FlexModel::capture(const HookFunction& hook, const at::Tensor& t, const std::string& suffix) {
   if (router_ && !router_->stores_captures()) return;
   at::Tensor c = t.detach().to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
-  sink_->write(capture_key(hook), forward_count_, c);
+  sink_->write(capture_key(hook) + suffix, forward_count_, c);
 }
 
 const FlexModel::Entry* FlexModel::find_entry(const HookFunction* hook) const {
@@ -291,9 +331,17 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
     HookHandle h;
     switch (type) {
       case HookType::Forward:
-        h = mod->register_forward_hook([this, weak](Module& m, const Inputs&, Value& out) {
+        h = mod->register_forward_hook([this, weak](Module& m, const Inputs& in, Value& out) {
           auto en = weak.lock();
           if (!en || !en->enabled) return;
+          // Inside a mixture-of-experts expert the rows are a subset of the
+          // tokens, recorded by the caller (flex/hooks/token_rows.h).
+          const TokenRows* rows = current_token_rows();
+          if (rows && out.isTensor() && out.toTensor().dim() > 0 &&
+              out.toTensor().size(0) == rows->token_index.size(0)) {
+            out = process_token_rows(*en->hook, m, out.toTensor(), *rows);
+            return;
+          }
           out = process_leaf(*en->hook, out, [&](const at::Tensor& t) { return process(*en->hook, m, t); });
         });
         break;
@@ -563,12 +611,14 @@ void FlexModel::wrapped_module_requires_grad(bool requires_grad) {
 
 at::Tensor FlexModel::get_module_parameter(const std::string& name, const std::vector<int64_t>& expected_shape) {
   at::Tensor local = get_module_tensor(*module_, name).detach();
+  const size_t dot = name.rfind('.');
+  auto owner = module_->get_submodule(dot == std::string::npos ? "" : name.substr(0, dot));
+  const std::string local_name = dot == std::string::npos ? name : name.substr(dot + 1);
+  // A quantized weight reads as the floating-point weight it stands for.
+  if (auto* dense = dynamic_cast<DenseLayer*>(owner.get()); dense && dense->weight_format() && local_name == "weight")
+    local = dense->float_weight().detach();
   at::Tensor whole = local;
-  if (router_) {
-    const size_t dot = name.rfind('.');
-    auto owner = module_->get_submodule(dot == std::string::npos ? "" : name.substr(0, dot));
-    whole = router_->gather_parameter(*owner, dot == std::string::npos ? name : name.substr(dot + 1), local);
-  }
+  if (router_) whole = router_->gather_parameter(*owner, local_name, local);
   if (!expected_shape.empty()) {
     HookFunction probe(name, expected_shape);
     check_expected_shape(probe, whole);

@@ -179,6 +179,18 @@ at::Tensor& Module::add_buffer(const std::string& name, at::Tensor& slot, at::Te
   return slot;
 }
 
+void Module::replace_parameter(const std::string& name, at::Tensor value, bool requires_grad) {
+  at::Tensor* p = parameters_.find(name);
+  if (!p) throw NotFoundError(class_name_ + " has no parameter named '" + name + "'");
+  if (empty_init_active() && value.defined() && !value.is_meta())
+    value = at::empty(value.sizes(), value.options().device(at::kMeta));
+  value = value.detach();
+  value.set_requires_grad(requires_grad && at::isFloatingType(value.scalar_type()));
+  *p = value;
+  auto slot = slots_.find(name);
+  if (slot != slots_.end()) *slot->second = value;
+}
+
 bool Module::has_own_parameter(const std::string& name) const { return parameters_.contains(name); }
 
 bool Module::has_own_buffer(const std::string& name) const {

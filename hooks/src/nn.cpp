@@ -24,8 +24,30 @@ void fill(at::Tensor& t, double v) {
 }
 }  // namespace
 
+void DenseLayer::set_weight_format(std::shared_ptr<const WeightFormat> format, at::Tensor stored_weight,
+                                   std::vector<std::pair<std::string, at::Tensor>> extra) {
+  if (!format) throw ConfigError(class_name() + ": set_weight_format needs a format");
+  replace_parameter("weight", std::move(stored_weight), false);
+  for (auto& [name, t] : extra) {
+    if (format_tensors_.count(name)) {
+      set_tensor(name, t);
+    } else {
+      at::Tensor& slot = format_tensors_[name];
+      add_buffer(name, slot, t);
+    }
+  }
+  set_class_name(format->class_name());
+  format_ = std::move(format);
+}
+
+const at::Tensor& DenseLayer::format_tensor(const std::string& name) const {
+  auto it = format_tensors_.find(name);
+  if (it == format_tensors_.end()) throw NotFoundError(class_name() + " has no tensor '" + name + "'");
+  return it->second;
+}
+
 Linear::Linear(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& options)
-    : Module("Linear"), in_features(in), out_features(out) {
+    : DenseLayer("Linear", in, out) {
   add_parameter("weight", weight, new_parameter({out, in}, options));
   init_uniform(weight, in);
   if (with_bias) {
@@ -34,12 +56,14 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, const at::TensorOptions&
   }
 }
 
-at::Tensor Linear::compute(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor Linear::compute(const at::Tensor& x) const {
+  if (weight_format()) return weight_format()->linear(*this, x);
+  return at::linear(x, weight, bias);
+}
 
-Value Linear::forward(Inputs inputs) { return compute(inputs.tensor(0)); }
+at::Tensor Linear::float_weight() const { return weight_format() ? weight_format()->dequantize(*this) : weight; }
 
-Conv1D::Conv1D(int64_t out, int64_t in, const at::TensorOptions& options)
-    : Module("Conv1D"), in_features(in), out_features(out) {
+Conv1D::Conv1D(int64_t out, int64_t in, const at::TensorOptions& options) : DenseLayer("Conv1D", in, out) {
   add_parameter("weight", weight, new_parameter({in, out}, options));
   if (!weight.is_meta()) {
     at::NoGradGuard guard;
@@ -50,12 +74,15 @@ Conv1D::Conv1D(int64_t out, int64_t in, const at::TensorOptions& options)
 }
 
 at::Tensor Conv1D::compute(const at::Tensor& x) const {
+  if (weight_format()) return weight_format()->linear(*this, x);
   auto sizes = x.sizes().vec();
   sizes.back() = out_features;
   return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
 }
 
-Value Conv1D::forward(Inputs inputs) { return compute(inputs.tensor(0)); }
+at::Tensor Conv1D::float_weight() const {
+  return weight_format() ? weight_format()->dequantize(*this).t() : weight;
+}
 
 Embedding::Embedding(int64_t num, int64_t dim, const at::TensorOptions& options)
     : Module("Embedding"), num_embeddings(num), embedding_dim(dim) {

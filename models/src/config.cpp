@@ -180,6 +180,8 @@ FamilyDefaults family_defaults(const std::string& type) {
     d.act = "gelu_pytorch_tanh";
   if (type == "phi3") d.max_position_embeddings = 4096, d.rms_norm_eps = 1e-5;
   if (type == "olmo2") d.rms_norm_eps = 1e-5;
+  if (type == "mixtral") d.max_position_embeddings = 4096 * 32, d.rms_norm_eps = 1e-5;
+  if (type == "qwen2_moe") d.max_position_embeddings = 32768;
   return d;
 }
 
@@ -191,6 +193,38 @@ int64_t window_or(const Reader& r, int64_t dflt) {
   int64_t w = r.integer(*it, "sliding_window");
   if (w <= 0) r.fail("sliding_window", "must be positive or null, got " + std::to_string(w));
   return w;
+}
+
+// Mixtral and Qwen2-MoE: the experts (Transformers' defaults when absent).
+void parse_experts(const Reader& r, ModelConfig& c) {
+  const bool mixtral = c.model_type == "mixtral";
+  const char* n_field = mixtral ? "num_local_experts" : "num_experts";
+  c.num_experts = r.int_or(n_field, mixtral ? 8 : 60);
+  c.num_experts_per_tok = r.int_or("num_experts_per_tok", mixtral ? 2 : 4);
+  if (c.num_experts <= 0) r.fail(n_field, "must be positive, got " + std::to_string(c.num_experts));
+  if (c.num_experts > (int64_t{1} << 16))
+    r.fail(n_field, "is " + std::to_string(c.num_experts) + ", beyond what any model needs (at most 65536)");
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+    r.fail("num_experts_per_tok", "must be between 1 and " + std::string(n_field) + " (" +
+                                      std::to_string(c.num_experts) + "), got " + std::to_string(c.num_experts_per_tok));
+  if (mixtral) {
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    return;
+  }
+  c.moe_intermediate_size = r.int_or("moe_intermediate_size", 1408);
+  c.shared_expert_intermediate_size = r.int_or("shared_expert_intermediate_size", 5632);
+  c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  c.decoder_sparse_step = r.int_or("decoder_sparse_step", 1);
+  if (c.moe_intermediate_size <= 0) r.fail("moe_intermediate_size", "must be positive");
+  if (c.moe_intermediate_size > (int64_t{1} << 24)) r.fail("moe_intermediate_size", "is beyond what any model needs");
+  if (c.shared_expert_intermediate_size < 0 || c.shared_expert_intermediate_size > (int64_t{1} << 24))
+    r.fail("shared_expert_intermediate_size", "must be between 0 and 2^24");
+  if (c.decoder_sparse_step <= 0) r.fail("decoder_sparse_step", "must be positive");
+  if (const json* m = r.find("mlp_only_layers")) {
+    if (!m->is_array()) r.fail("mlp_only_layers", "must be a list of layer indices, got " + m->dump());
+    for (const auto& x : *m) c.mlp_only_layers.push_back(r.integer(x, "mlp_only_layers"));
+  }
 }
 
 // Llama, Mistral, Qwen2, Qwen3, Gemma 2, Phi-3, OLMo 2: the same field names,
@@ -217,14 +251,14 @@ void parse_llama_family(const Reader& r, ModelConfig& c) {
   c.norm_eps = r.number_or("rms_norm_eps", d.rms_norm_eps);
   c.hidden_act = r.string_or(d.act_field, type == "gemma2" ? r.string_or("hidden_act", d.act) : d.act);
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", d.tie_word_embeddings);
-  c.rope_theta = r.number_or("rope_theta", 10000.0);
+  c.rope_theta = r.number_or("rope_theta", type == "mixtral" ? 1e6 : 10000.0);
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
 
   // Biases: Llama, OLMo 2, Gemma 2, Qwen3 follow attention_bias on q/k/v/o;
   // Qwen2 always has q/k/v biases and none on o_proj; Mistral, Phi-3 none.
-  if (type == "qwen2") {
+  if (type == "qwen2" || type == "qwen2_moe") {
     c.qkv_bias = true;
-  } else if (type == "mistral" || type == "phi3") {
+  } else if (type == "mistral" || type == "phi3" || type == "mixtral") {
     c.attention_bias = c.qkv_bias = false;
   } else {
     c.attention_bias = c.qkv_bias = r.bool_or("attention_bias", false);
@@ -237,7 +271,7 @@ void parse_llama_family(const Reader& r, ModelConfig& c) {
 
   // Attention variants.
   if (type == "mistral") c.sliding_window = window_or(r, 4096);
-  if (type == "phi3") c.sliding_window = window_or(r, 0);
+  if (type == "phi3" || type == "mixtral") c.sliding_window = window_or(r, 0);
   if (type == "gemma2") {
     c.sliding_window = window_or(r, 4096);
     c.sliding_window_pattern = 2;
@@ -254,7 +288,7 @@ void parse_llama_family(const Reader& r, ModelConfig& c) {
     c.attn_logit_softcapping = cap("attn_logit_softcapping", 50.0);
     c.final_logit_softcapping = cap("final_logit_softcapping", 30.0);
   }
-  if (type == "qwen2" || type == "qwen3") {
+  if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe") {
     if (r.bool_or("use_sliding_window", false))
       r.fail("use_sliding_window", "true is not supported (Qwen2/Qwen3 slide only in layers >= max_window_layers, "
                                    "and only under flash attention)");
@@ -262,6 +296,7 @@ void parse_llama_family(const Reader& r, ModelConfig& c) {
   if (type == "phi3" && r.number_or("partial_rotary_factor", 1.0) != 1.0)
     r.fail("partial_rotary_factor", "other than 1 is not supported for phi3");
   parse_rope_scaling(r, c);
+  if (type == "mixtral" || type == "qwen2_moe") parse_experts(r, c);
 }
 
 void parse_gpt_neox(const Reader& r, ModelConfig& c) {
@@ -303,12 +338,22 @@ std::string ModelConfig::causal_lm_class() const {
   if (model_type == "gemma2") return "Gemma2ForCausalLM";
   if (model_type == "phi3") return "Phi3ForCausalLM";
   if (model_type == "olmo2") return "Olmo2ForCausalLM";
+  if (model_type == "mixtral") return "MixtralForCausalLM";
+  if (model_type == "qwen2_moe") return "Qwen2MoeForCausalLM";
   return "";
+}
+
+bool ModelConfig::layer_is_sparse(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int64_t m : mlp_only_layers)
+    if (m == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 namespace {
 bool is_llama_family(const std::string& t) {
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma2" || t == "phi3" || t == "olmo2";
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma2" || t == "phi3" || t == "olmo2" ||
+         t == "mixtral" || t == "qwen2_moe";
 }
 
 // Sizes far beyond any real model end here with the field named, before any
@@ -335,7 +380,11 @@ void check_sizes(const Reader& r, const ModelConfig& c) {
   const double h = static_cast<double>(c.hidden_size);
   const double attn = h * static_cast<double>(c.head_dim) *
                       static_cast<double>(2 * c.num_attention_heads + 2 * c.num_key_value_heads);
-  const double params = static_cast<double>(c.num_hidden_layers) * (attn + 3.0 * h * static_cast<double>(c.intermediate_size)) +
+  const double mlp = 3.0 * h *
+                     (c.num_experts > 0 ? static_cast<double>(c.num_experts) * static_cast<double>(c.moe_intermediate_size) +
+                                              static_cast<double>(c.shared_expert_intermediate_size)
+                                        : static_cast<double>(c.intermediate_size));
+  const double params = static_cast<double>(c.num_hidden_layers) * (attn + mlp) +
                         2.0 * static_cast<double>(c.vocab_size) * h;
   if (params > 1e13)
     r.fail(gpt2 ? "n_layer" : "num_hidden_layers",
@@ -345,7 +394,7 @@ void check_sizes(const Reader& r, const ModelConfig& c) {
 
 }  // namespace
 
-std::string supported_model_types() { return "gpt2, llama, gpt_neox, mistral, qwen2, qwen3, gemma2, phi3, olmo2"; }
+std::string supported_model_types() { return "gpt2, llama, gpt_neox, mistral, qwen2, qwen3, gemma2, phi3, olmo2, mixtral, qwen2_moe"; }
 
 namespace {
 ModelConfig parse_config_impl(const json& j, const std::string& source) {

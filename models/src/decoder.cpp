@@ -6,6 +6,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/models/decoder.h>
+#include <flex/models/moe.h>
 
 #include <ATen/ATen.h>
 
@@ -33,6 +34,8 @@ std::shared_ptr<RMSNorm> rms_norm(const Arch& arch, const ModelConfig& cfg, int6
 }
 
 std::shared_ptr<RotaryEmbedding> rotary(const Arch& arch, const ModelConfig& cfg) {
+  if (arch.rope == Arch::Rope::PerLayerTables)
+    return std::make_shared<CachedRotaryEmbedding>(arch.cls("RotaryEmbedding"), cfg, cfg.head_dim);
   // Transformers 4.47 gives Phi-3's longrope module its own class.
   const std::string cls = arch.prefix == "Phi3" && cfg.rope_scaling.rope_type == "longrope"
                               ? "Phi3LongRoPEScaledRotaryEmbedding"
@@ -124,15 +127,25 @@ Value DecoderAttention::forward(Inputs inputs) {
   }
 
   at::Tensor cos = call.cos, sin = call.sin;
-  if (arch_.rope == Arch::Rope::PerLayer) {
+  if (arch_.rope == Arch::Rope::PerLayer || arch_.rope == Arch::Rope::PerLayerTables) {
+    const int64_t past = call.cache ? call.cache->seq_length(layer_idx_) : 0;
     at::Tensor pos = call.position_ids;
-    if (!pos.defined()) {
-      const int64_t past = call.cache ? call.cache->seq_length(layer_idx_) : 0;
+    if (!pos.defined())
       pos = at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(0);
+    if (arch_.rope == Arch::Rope::PerLayer) {
+      const Value cs = (*rotary_emb)(Inputs{v, pos});
+      cos = cs.toTupleRef().elements()[0].toTensor();
+      sin = cs.toTupleRef().elements()[1].toTensor();
+    } else {
+      // Tables of the first past + t positions, rows picked by position.
+      const Value cs = (*rotary_emb)(Inputs{v, Value(past + t)});
+      const at::Tensor flat = pos.reshape({-1}).to(x.device());
+      auto pick = [&](const at::Tensor& table) {
+        return table.index_select(0, flat).view({pos.size(0), pos.size(1), table.size(-1)});
+      };
+      cos = pick(cs.toTupleRef().elements()[0].toTensor());
+      sin = pick(cs.toTupleRef().elements()[1].toTensor());
     }
-    const Value cs = (*rotary_emb)(Inputs{v, pos});
-    cos = cs.toTupleRef().elements()[0].toTensor();
-    sin = cs.toTupleRef().elements()[1].toTensor();
   }
   if (!cos.defined())
     throw NotFoundError(class_name() + " layer " + std::to_string(layer_idx_) +
@@ -176,17 +189,20 @@ Value DecoderAttention::forward(Inputs inputs) {
 // ---------------------------------------------------------------------------
 // MLP
 
-DecoderMLP::DecoderMLP(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t inter)
-    : Module(arch.cls("MLP")) {
-  const int64_t c = cfg.hidden_size, i = inter > 0 ? inter : cfg.intermediate_size;
-  if (arch.fused_gate_up) {
+DecoderMLP::DecoderMLP(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t inter,
+                       const GatedMLPNames* names)
+    : Module(names ? names->cls : arch.cls("MLP")) {
+  const GatedMLPNames n = names ? *names : arch.mlp_names();
+  const int64_t c = cfg.hidden_size, i = inter >= 0 ? inter : cfg.intermediate_size;
+  if (arch.fused_gate_up && !names) {
     gate_up_proj = add("gate_up_proj", linear(c, 2 * i, cfg.mlp_bias, opts));
   } else {
-    gate_proj = add("gate_proj", linear(c, i, cfg.mlp_bias, opts));
-    up_proj = add("up_proj", linear(c, i, cfg.mlp_bias, opts));
+    gate_proj = add(n.gate, linear(c, i, cfg.mlp_bias, opts));
+    if (!n.down_before_up) up_proj = add(n.up, linear(c, i, cfg.mlp_bias, opts));
   }
-  down_proj = add("down_proj", linear(i, c, cfg.mlp_bias, opts));
-  act_fn = add(arch.act_name, std::make_shared<Activation>(cfg.hidden_act));
+  down_proj = add(n.down, linear(i, c, cfg.mlp_bias, opts));
+  if (n.down_before_up) up_proj = add(n.up, linear(c, i, cfg.mlp_bias, opts));
+  act_fn = add(n.act, std::make_shared<Activation>(cfg.hidden_act));
 }
 
 Value DecoderMLP::forward(Inputs inputs) {
@@ -207,7 +223,10 @@ DecoderLayer::DecoderLayer(const Arch& arch, const ModelConfig& cfg, int64_t lay
     : Module(arch.cls("DecoderLayer")), arch_(arch) {
   const int64_t c = cfg.hidden_size;
   self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
-  mlp = add("mlp", std::make_shared<DecoderMLP>(arch, cfg, opts));
+  if (cfg.layer_is_sparse(layer_idx))
+    moe = add(arch.moe_block, std::make_shared<SparseMoeBlock>(arch, cfg, opts));
+  else
+    mlp = add("mlp", std::make_shared<DecoderMLP>(arch, cfg, opts));
   if (arch.norms != Arch::Norms::Post) input_layernorm = add("input_layernorm", rms_norm(arch, cfg, c, opts));
   if (arch.residual_dropouts) {
     const double p = detail::raw_number(cfg, "resid_pdrop", 0.0);
@@ -236,7 +255,7 @@ Value DecoderLayer::forward(Inputs inputs) {
   at::Tensor mlp_in = hidden;
   if (arch_.norms == Arch::Norms::Pre) mlp_in = (*post_attention_layernorm)(hidden);
   if (arch_.norms == Arch::Norms::Sandwich) mlp_in = (*pre_feedforward_layernorm)(hidden);
-  at::Tensor m = first_tensor((*mlp)(mlp_in), mlp->class_name());
+  at::Tensor m = moe ? first_tensor((*moe)(mlp_in), moe->class_name()) : first_tensor((*mlp)(mlp_in), mlp->class_name());
   if (post_feedforward_layernorm) m = (*post_feedforward_layernorm)(m);
   if (resid_mlp_dropout) m = (*resid_mlp_dropout)(m);
   hidden = (*hook_resid_post)(hidden + m);
@@ -254,7 +273,8 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
   layers = add("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(arch, cfg, i, opts));
   norm = add("norm", rms_norm(arch, cfg, cfg.hidden_size, opts));
-  if (arch.rope != Arch::Rope::PerLayer) rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies)
+    rotary_emb = add("rotary_emb", rotary(arch, cfg));
 }
 
 at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {

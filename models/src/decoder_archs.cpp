@@ -79,12 +79,36 @@ Arch olmo2() {
   return a;
 }
 
+// Mistral with a sparse MoE block (block_sparse_moe: experts w1 gate, w3 up,
+// w2 down, top-k weights renormalised) and rotary tables in each layer.
+Arch mixtral() {
+  Arch a;
+  a.prefix = "Mixtral";
+  a.rope = Arch::Rope::PerLayerTables;
+  a.moe_block = "block_sparse_moe";
+  a.expert.cls = "MixtralBlockSparseTop2MLP";
+  a.expert.gate = "w1", a.expert.up = "w3", a.expert.down = "w2";
+  a.expert.down_before_up = true;
+  return a;
+}
+
+// Qwen2 with a sparse MoE block (mlp) on the layers the config makes sparse:
+// Qwen2MoeMLP experts plus a shared expert gated by sigmoid(shared_expert_gate).
+Arch qwen2_moe() {
+  Arch a;
+  a.prefix = "Qwen2Moe";
+  a.expert.cls = "Qwen2MoeMLP";
+  a.shared_expert = true;
+  return a;
+}
+
 }  // namespace
 
 const DecoderArch* decoder_arch(const std::string& model_type) {
   static const std::map<std::string, DecoderArch> archs = {
       {"llama", llama()}, {"mistral", mistral()}, {"qwen2", qwen2()}, {"qwen3", qwen3()},
-      {"gemma2", gemma2()}, {"phi3", phi3()},     {"olmo2", olmo2()}};
+      {"gemma2", gemma2()}, {"phi3", phi3()},     {"olmo2", olmo2()}, {"mixtral", mixtral()},
+      {"qwen2_moe", qwen2_moe()}};
   auto it = archs.find(model_type);
   return it == archs.end() ? nullptr : &it->second;
 }

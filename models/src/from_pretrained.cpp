@@ -4,6 +4,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/from_pretrained.h>
+#include <flex/quant/quantize_model.h>
 
 namespace flex {
 
@@ -17,7 +18,9 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
     lo.dtype = parse_torch_dtype(o.torch_dtype);
   }
   const at::ScalarType dtype = resolve_dtype(cfg, ckpt, lo);
-  const bool dispatched = o.device_map || !o.device_map_strategy.empty();
+  const auto bnb = read_bnb_checkpoint(dir);
+  const bool quantized = bnb || (o.quantization && o.quantization->enabled());
+  const bool dispatched = o.device_map || !o.device_map_strategy.empty() || quantized;
   if (!dispatched) {
     lo.dtype = dtype;
     lo.dtype_auto = false;
@@ -30,7 +33,8 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   }
   model->tie_weights();
   LoadAndDispatchOptions d;
-  d.device_map_strategy = o.device_map_strategy;
+  d.transform = plan_quantized_layers(*model, dir, o.quantization, dtype);
+  d.device_map_strategy = o.device_map || !o.device_map_strategy.empty() ? o.device_map_strategy : "cpu";
   d.device_map = o.device_map;
   d.max_memory = o.max_memory;
   d.no_split_module_classes = o.no_split_module_classes.value_or(model->no_split_modules());
@@ -46,6 +50,27 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   load_checkpoint_and_dispatch(*model, ckpt.source(), d);
   model->eval();
   return model;
+}
+
+std::string output_head_name(CausalLM& model) {
+  const auto head = model.output_embeddings();
+  for (const auto& [name, m] : model.named_flex_modules())
+    if (m == head) return name;
+  return "lm_head";
+}
+
+decltype(LoadCheckpointOptions::transform) plan_quantized_layers(CausalLM& model, const std::string& dir,
+                                                                 const std::optional<BnbQuantizationConfig>& q,
+                                                                 at::ScalarType dtype) {
+  if (auto bnb = read_bnb_checkpoint(dir)) {
+    if (q && q->enabled() && q->method() != bnb->config.method())
+      throw ConfigError(dir + " holds " + bnb->config.method() + " weights; it cannot be loaded as " + q->method());
+    return prepare_bnb_checkpoint(model, *bnb, dir);
+  }
+  if (!q || !q->enabled()) return nullptr;
+  const auto layers = layers_to_quantize(model, *q, {output_head_name(model)});
+  replace_with_bnb_layers(model, *q, layers);
+  return quantizing_transform(model, *q, layers, q->torch_dtype.value_or(dtype));
 }
 
 }  // namespace flex

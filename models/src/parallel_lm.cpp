@@ -2,6 +2,7 @@
 // data-parallel forward. Slicing of the blocks lives in parallel_shard.cpp.
 #include "common.h"
 
+#include <flex/quant/quantize_model.h>
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
@@ -24,15 +25,25 @@ constexpr int kLogitsTag = 7402;
 std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 
-ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMesh mesh, at::ScalarType dtype)
+ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMesh mesh, at::ScalarType dtype,
+                                   bool expert_parallel)
     : Module(skeleton->class_name()),
       skeleton_(std::move(skeleton)),
       mesh_(std::move(mesh)),
       dtype_(dtype),
+      expert_parallel_(expert_parallel),
       layout_(std::make_shared<ActivationLayout>()) {
   if (!mesh_.member()) throw ConfigError("ParallelCausalLM: this rank is not part of " + mesh_.describe());
   const ModelConfig& cfg = config();
   const int tp = mesh_.tp_size(), pp = mesh_.pp_size();
+  if (expert_parallel_ && cfg.num_experts == 0)
+    throw ConfigError(cfg.source + ": expert parallelism needs a mixture-of-experts model (model_type '" +
+                      cfg.model_type + "' has no experts)");
+  if (expert_parallel_ && cfg.num_experts < tp)
+    throw ConfigError(cfg.source + ": " + str(cfg.num_experts) + " experts cannot be placed over tp=" + str(tp) +
+                      " with expert parallelism (every rank needs an expert)");
+  if (expert_parallel_ && cfg.mlp_bias)
+    throw ConfigError(cfg.source + ": expert parallelism does not support expert biases (mlp_bias)");
   // Heads split as numpy.array_split (uneven where they must be); key/value
   // heads follow the query heads that use them (parallel_shard.cpp).
   if (cfg.num_attention_heads < tp)
@@ -48,7 +59,8 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
     embed = "wte", blocks_name_ = "h", norm_name_ = "ln_f", head_name_ = "lm_head";
   } else if (const DecoderArch* arch = decoder_arch(cfg.model_type)) {
     embed = "embed_tokens", blocks_name_ = "layers", norm_name_ = "norm", head_name_ = "lm_head";
-    if (arch->rope != DecoderArch::Rope::PerLayer) rotary = "rotary_emb";
+    if (arch->rope == DecoderArch::Rope::Model || arch->rope == DecoderArch::Rope::ModelWithIdleLayerCopies)
+      rotary = "rotary_emb";
     if (arch->scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(cfg.hidden_size));
   } else if (cfg.model_type == "gpt_neox") {
     embed = "embed_in", blocks_name_ = "layers", norm_name_ = "final_layer_norm", head_name_ = "embed_out",
@@ -226,7 +238,7 @@ std::shared_ptr<ParallelCausalLM> build_parallel_causal_lm(const ModelConfig& cf
     EmptyInit scope;
     skeleton = build_causal_lm(cfg, at::TensorOptions().dtype(dtype));
   }
-  auto model = std::make_shared<ParallelCausalLM>(skeleton, mesh, dtype);
+  auto model = std::make_shared<ParallelCausalLM>(skeleton, mesh, dtype, opts.expert_parallel);
   model->eval();
   return model;
 }
@@ -260,6 +272,8 @@ std::shared_ptr<ParallelCausalLM> load_parallel_pretrained(const std::string& di
   const std::string base = model->base_model_prefix();
   const auto tied = model->tied_parameters();
   model->load_slices([&](const std::string& name) { return ckpt.get(checkpoint_key(ckpt, name, base, tied)); });
+  if (opts.quantization && opts.quantization->enabled())
+    quantize_model(*model, *opts.quantization, layers_to_quantize(*model, *opts.quantization, {"lm_head", "embed_out"}));
   return model;
 }
 

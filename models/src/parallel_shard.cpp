@@ -7,6 +7,7 @@
 #include <flex/models/gpt2.h>
 #include <flex/models/gpt_neox.h>
 #include <flex/models/decoder.h>
+#include <flex/models/moe.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/parallel/tp_autograd.h>
 
@@ -24,6 +25,14 @@ class AllReduceHook : public ModelHook {
  public:
   explicit AllReduceHook(std::shared_ptr<Communicator> tp) : tp_(std::move(tp)) {}
   Value post_forward(Module& module, Value output) override {
+    if (output.isTuple()) {
+      // A block returning (partial sum, ...): only element 0 is summed.
+      std::vector<Value> items = output.toTuple()->elements().vec();
+      if (items.empty() || !items[0].isTensor())
+        throw ConfigError(module.class_name() + " returned a tuple without a tensor first");
+      items[0] = reduce_from_tp_region(items[0].toTensor(), tp_);
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
     if (!output.isTensor())
       throw ConfigError("row-parallel " + module.class_name() + " returned a non-tensor " + output.tagKind());
     return reduce_from_tp_region(output.toTensor(), tp_);
@@ -230,7 +239,7 @@ std::shared_ptr<RMSNorm> ParallelCausalLM::tp_rms_norm(const std::shared_ptr<RMS
 void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
   const ModelConfig& cfg = config();
   const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
-  const int64_t c = cfg.hidden_size, d = cfg.head_dim;
+  const int64_t d = cfg.head_dim;
   const AttentionHeads heads = tp_heads(cfg, rank, tp);
   const int64_t il = piece_range(cfg.intermediate_size, 1, rank, tp).length;
   const auto topts = at::TensorOptions().dtype(dtype_);
@@ -277,21 +286,112 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
   declare(*attn->hook_attn_probs, output_only(split(1)));
   declare(*attn->hook_head_out, output_only(split(2)));
 
+  if (block->moe) {
+    shard_moe_block(arch, *block);
+    return;
+  }
   auto mlp = std::make_shared<DecoderMLP>(arch, cfg, topts, il);
   block->mlp = block->replace_module("mlp", mlp);
-  if (mlp->gate_up_proj) {
-    const std::vector<int64_t> gu{cfg.intermediate_size, cfg.intermediate_size};
-    declare(*mlp->gate_up_proj, column(ShardSpec::fused(-1, gu), ShardSpec::fused(0, gu), ShardSpec::fused(0, gu)));
-    column_parallel(*mlp->gate_up_proj);
+  shard_gated_mlp(*mlp, cfg.intermediate_size);
+}
+
+// A gated MLP over tp: gate/up (or the fused [gate | up]) column-parallel,
+// down row-parallel, as Megatron splits it.
+void ParallelCausalLM::shard_gated_mlp(DecoderMLP& mlp, int64_t whole_intermediate) {
+  const auto split = [](int64_t dim) { return ShardSpec::split(dim, 1); };
+  if (mlp.gate_up_proj) {
+    const std::vector<int64_t> gu{whole_intermediate, whole_intermediate};
+    declare(*mlp.gate_up_proj, column(ShardSpec::fused(-1, gu), ShardSpec::fused(0, gu), ShardSpec::fused(0, gu)));
+    column_parallel(*mlp.gate_up_proj);
   } else {
-    declare(*mlp->gate_proj, column(split(-1), split(0), split(0)));
-    declare(*mlp->up_proj, column(split(-1), split(0), split(0)));
-    column_parallel(*mlp->gate_proj);
-    column_parallel(*mlp->up_proj);
+    declare(*mlp.gate_proj, column(split(-1), split(0), split(0)));
+    declare(*mlp.up_proj, column(split(-1), split(0), split(0)));
+    column_parallel(*mlp.gate_proj);
+    column_parallel(*mlp.up_proj);
   }
-  declare(*mlp->act_fn, output_only(split(-1)));
-  declare(*mlp->down_proj, row(split(1), 1));
-  row_parallel(*mlp->down_proj);
+  declare(*mlp.act_fn, output_only(split(-1)));
+  declare(*mlp.down_proj, row(split(1), 1));
+  row_parallel(*mlp.down_proj);
+}
+
+// A sparse MoE block over tp: the router (and the shared expert's gate) is
+// replicated, so every rank routes every token alike and calls the same
+// experts in the same order; each expert (and the shared expert) is split
+// as the dense MLP, its down projection all-reduced, so expert outputs and
+// the block's output are whole on every rank.
+void ParallelCausalLM::shard_moe_block(const DecoderArch& arch, DecoderLayer& block) {
+  if (expert_parallel_) {
+    place_moe_experts(arch, block);
+    return;
+  }
+  const ModelConfig& cfg = config();
+  const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
+  const int64_t ei = piece_range(cfg.moe_intermediate_size, 1, rank, tp).length;
+  const int64_t si = cfg.shared_expert_intermediate_size > 0
+                         ? piece_range(cfg.shared_expert_intermediate_size, 1, rank, tp).length
+                         : 0;
+  if (ei == 0 || (cfg.shared_expert_intermediate_size > 0 && si == 0))
+    throw ConfigError(cfg.source + ": expert intermediate size " + std::to_string(cfg.moe_intermediate_size) +
+                      " cannot be split over tp=" + std::to_string(tp) + " (every rank needs a share)");
+  EmptyInit scope;
+  auto moe = std::make_shared<SparseMoeBlock>(arch, cfg, at::TensorOptions().dtype(dtype_),
+                                              std::vector<int64_t>(cfg.num_experts, ei), si);
+  block.moe = block.replace_module(arch.moe_block, moe);
+  for (const auto& e : moe->experts->items()) shard_gated_mlp(*std::static_pointer_cast<DecoderMLP>(e), cfg.moe_intermediate_size);
+  if (moe->shared_expert) shard_gated_mlp(*moe->shared_expert, cfg.shared_expert_intermediate_size);
+}
+
+// Expert parallelism: expert e lives whole on tp rank owner(e) (array_split
+// of the expert indices), the shared expert on rank 0. The other ranks hold
+// a zero-width copy (no parameters' bytes) whose output is zeros, so every
+// expert's output, and the block's, is a partial sum: the block all-reduces
+// its output once. The routing weights pass copy_to_tp_region so that their
+// gradient (and the router's) sums every rank's experts.
+void ParallelCausalLM::place_moe_experts(const DecoderArch& arch, DecoderLayer& block) {
+  const ModelConfig& cfg = config();
+  const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
+  std::vector<int> owner(static_cast<size_t>(cfg.num_experts));
+  std::vector<int64_t> sizes(owner.size());
+  for (int r = 0; r < tp; ++r) {
+    const Range own = piece_range(cfg.num_experts, 1, r, tp);
+    for (int64_t e = own.start; e < own.start + own.length; ++e) {
+      owner[e] = r;
+      sizes[e] = r == rank ? cfg.moe_intermediate_size : 0;
+    }
+  }
+  EmptyInit scope;
+  const int64_t shared = rank == 0 ? cfg.shared_expert_intermediate_size : 0;
+  auto moe = std::make_shared<SparseMoeBlock>(arch, cfg, at::TensorOptions().dtype(dtype_), sizes, shared);
+  block.moe = block.replace_module(arch.moe_block, moe);
+  for (size_t e = 0; e < owner.size(); ++e) shard_whole_mlp(*std::static_pointer_cast<DecoderMLP>((*moe->experts)[e]), owner[e]);
+  if (moe->shared_expert) {
+    shard_whole_mlp(*moe->shared_expert, 0);
+    // sigmoid(gate) * zeros on the other ranks: the gated output is rank 0's too.
+  }
+  declare(*moe, output_only(ShardSpec::partial_sum()));
+  row_parallel(*moe);
+  if (tp > 1) {
+    auto group = mesh_.tp_group();
+    moe->weights_transform = [group](const at::Tensor& w) { return copy_to_tp_region(w, group); };
+  }
+}
+
+// A whole MLP on tp rank `owner`, zero-width elsewhere: its output is a
+// partial sum (the owner's, zeros elsewhere), not all-reduced here.
+void ParallelCausalLM::shard_whole_mlp(DecoderMLP& mlp, int owner) {
+  const auto on = [owner](int64_t dim) { return ShardSpec::on_rank(dim, owner); };
+  for (Linear* p : {mlp.gate_up_proj.get(), mlp.gate_proj.get(), mlp.up_proj.get()}) {
+    if (!p) continue;
+    declare(*p, column(on(-1), on(0), on(0)));
+    column_parallel(*p);
+  }
+  declare(*mlp.act_fn, output_only(on(-1)));
+  ModuleSharding down;
+  down.input = on(-1);
+  down.output = ShardSpec::partial_sum();
+  down.params["weight"] = on(1);
+  declare(*mlp.down_proj, down);
+  declare(mlp, output_only(ShardSpec::partial_sum()));
 }
 
 }  // namespace flex

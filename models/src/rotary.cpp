@@ -129,4 +129,43 @@ Value RotaryEmbedding::forward(Inputs inputs) {
   return c10::ivalue::Tuple::create({cs.first, cs.second});
 }
 
+CachedRotaryEmbedding::CachedRotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t d)
+    : RotaryEmbedding(std::move(class_name), cfg, d) {
+  const at::Tensor placeholder = at::empty({0}, at::TensorOptions().device(at::kMeta));
+  add_buffer("cos_cached", cos_cached, placeholder, /*persistent=*/false);
+  add_buffer("sin_cached", sin_cached, placeholder, /*persistent=*/false);
+  build_tables(cfg.max_position_embeddings, inv_freq.device());
+}
+
+void CachedRotaryEmbedding::build_tables(int64_t rows, const at::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  if (device.is_meta()) {
+    set_tensor("cos_cached", at::empty({rows, dim}, opts));
+    set_tensor("sin_cached", at::empty({rows, dim}, opts));
+    return;
+  }
+  const at::Tensor pos = at::arange(rows, opts.dtype(at::kLong)).unsqueeze(0);
+  auto cs = compute(at::empty({0}, opts), pos);
+  set_tensor("cos_cached", cs.first.squeeze(0));
+  set_tensor("sin_cached", cs.second.squeeze(0));
+}
+
+void CachedRotaryEmbedding::reset_buffers(const at::Device& device) {
+  RotaryEmbedding::reset_buffers(device);
+  build_tables(std::max<int64_t>(cos_cached.size(0), 1), device);
+}
+
+Value CachedRotaryEmbedding::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  const Value* len = inputs.args.size() > 1 ? &inputs.args[1] : inputs.find("seq_len");
+  if (!len || !len->isInt()) throw NotFoundError(class_name() + " needs seq_len (argument 1 or keyword) as an integer");
+  const int64_t n = len->toInt();
+  if (n < 0) throw ShapeError(class_name() + ": seq_len must be >= 0, got " + std::to_string(n));
+  if (cos_cached.is_meta())
+    throw UnsupportedError(class_name() + ": cos_cached is on the meta device; load the model (or call reset_buffers) first");
+  if (n > cos_cached.size(0)) build_tables(n, cos_cached.device());
+  return c10::ivalue::Tuple::create(
+      {cos_cached.narrow(0, 0, n).to(x.scalar_type()), sin_cached.narrow(0, 0, n).to(x.scalar_type())});
+}
+
 }  // namespace flex

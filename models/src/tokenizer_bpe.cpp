@@ -1,5 +1,6 @@
-// The BPE tokenizer pipeline: added tokens, normalizer, pre-tokenizer, model,
-// post-processor on the way in; decoder steps on the way out.
+// The BPE tokenizer pipeline: added tokens, normalizer, pre-tokenizer (see
+// tokenizer_pretokenize.cpp), model, post-processor on the way in; decoder steps
+// on the way out.
 #include <flex/hooks/errors.h>
 #include <flex/models/tokenizer_bpe.h>
 #include <flex/models/tokenizer_unicode.h>
@@ -113,15 +114,21 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), model_(spec_)
       // Matched in normalized text, so its pattern is its normalized content.
       AddedToken n = t;
       n.content = normalize(t.content);
-      norm_added_.push_back(std::move(n));
+      norm_added_.tokens.push_back(std::move(n));
     } else {
-      raw_added_.push_back(t);
+      raw_added_.tokens.push_back(t);
     }
   }
-  // Longest first, so the first match at a position is the longest one.
-  for (auto* list : {&raw_added_, &norm_added_}) {
-    std::stable_sort(list->begin(), list->end(),
+  for (AddedList* list : {&raw_added_, &norm_added_}) {
+    // Longest first, so the first match at a position is the longest one.
+    std::stable_sort(list->tokens.begin(), list->tokens.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (const AddedToken& t : list->tokens) {
+      if (t.content.empty()) continue;  // a normalizer may empty a content
+      const auto b = static_cast<uint8_t>(t.content[0]);
+      list->starts[b] = true;
+      list->starts_mid_char = list->starts_mid_char || (b & 0xC0) == 0x80;
+    }
   }
   const auto check = [&](const std::vector<int64_t>& ids, const char* what) {
     for (int64_t id : ids) {
@@ -134,14 +141,26 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), model_(spec_)
 
 std::vector<BpeTokenizer::Piece> BpeTokenizer::split_added(const std::string& text, bool normalized,
                                                            bool at_start) const {
-  const auto& tokens = normalized ? norm_added_ : raw_added_;
+  const AddedList& list = normalized ? norm_added_ : raw_added_;
   std::vector<Piece> pieces;
+  if (list.tokens.empty()) {
+    if (!text.empty()) pieces.push_back({text, -1, at_start});
+    return pieces;
+  }
   size_t seg = 0;  // start of the text not yet emitted
   size_t pos = 0;
   while (pos < text.size()) {
+    // A token can only start at a character boundary. Every byte that is not a
+    // continuation byte begins a unit (decode_utf8 never lets an ill-formed unit
+    // swallow one), so unless a token begins with a continuation byte, stepping
+    // byte by byte and trying only the bytes tokens start with finds the same hits.
+    if (!list.starts[static_cast<uint8_t>(text[pos])]) {
+      pos += list.starts_mid_char ? unicode::decode_utf8(text, pos).len : 1;
+      continue;
+    }
     const AddedToken* hit = nullptr;
-    for (const AddedToken& t : tokens) {
-      if (text.compare(pos, t.content.size(), t.content) != 0) continue;
+    for (const AddedToken& t : list.tokens) {
+      if (t.content.empty() || text.compare(pos, t.content.size(), t.content) != 0) continue;
       const size_t end = pos + t.content.size();
       if (t.single_word && (word_char_before(text, pos) || (end < text.size() && is_word_char(text, end)))) continue;
       hit = &t;
@@ -178,58 +197,6 @@ std::string BpeTokenizer::normalize(const std::string& text) const {
     }
   }
   return s;
-}
-
-void BpeTokenizer::encode_text(const std::string& text, bool at_start, std::vector<int64_t>& out) const {
-  using PT = BpeSpec::PreTokenizer;
-  switch (spec_.pre_tokenizer) {
-    case PT::None:
-      model_.encode_word(text, out);
-      return;
-    case PT::ByteLevel: {
-      std::string s = text;
-      if (spec_.add_prefix_space && s.compare(0, 1, " ") != 0) s.insert(0, " ");
-      const auto& chars = byte_level_chars();
-      std::string word;
-      const auto run = [&](size_t off, size_t len) {
-        word.clear();
-        for (size_t k = off; k < off + len; ++k) word += chars[static_cast<uint8_t>(s[k])];
-        model_.encode_word(word, out);
-      };
-      switch (spec_.split) {
-        case BpeSpec::SplitPattern::None:
-          run(0, s.size());
-          break;
-        case BpeSpec::SplitPattern::Gpt2:
-          for (const auto& [off, len] : unicode::split_gpt2(s)) run(off, len);
-          break;
-        case BpeSpec::SplitPattern::Llama3:
-          for (const auto& [off, len] : unicode::split_llama3(s)) run(off, len);
-          break;
-      }
-      return;
-    }
-    case PT::Metaspace: {
-      const std::string& rep = spec_.metaspace_replacement;
-      std::string s = text;
-      replace_all(s, " ", rep);
-      const bool prepend = spec_.prepend_scheme == BpeSpec::PrependScheme::Always ||
-                           (spec_.prepend_scheme == BpeSpec::PrependScheme::First && at_start);
-      if (prepend && s.compare(0, rep.size(), rep) != 0) s.insert(0, rep);
-      if (!spec_.metaspace_split) {
-        model_.encode_word(s, out);
-        return;
-      }
-      // Each replacement character starts a new word and stays at its front.
-      size_t start = 0;
-      for (size_t hit = s.find(rep, 1); hit != std::string::npos; hit = s.find(rep, hit + rep.size())) {
-        if (hit > start) model_.encode_word(s.substr(start, hit - start), out);
-        start = hit;
-      }
-      model_.encode_word(s.substr(start), out);
-      return;
-    }
-  }
 }
 
 std::vector<int64_t> BpeTokenizer::encode(const std::string& text, bool add_special_tokens) const {
@@ -329,10 +296,11 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
         }
         break;
       case K::Metaspace:
+        // Hugging Face drops every replacement character of the first token (the
+        // prepended one, and any others with it) unless the scheme is "never".
         for (size_t k = 0; k < toks.size(); ++k) {
-          replace_all(toks[k], step.a, " ");
-          if (k == 0 && step.prepend_scheme != BpeSpec::PrependScheme::Never && toks[k].compare(0, 1, " ") == 0)
-            toks[k].erase(0, 1);
+          const bool first = k == 0 && step.prepend_scheme != BpeSpec::PrependScheme::Never;
+          replace_all(toks[k], step.a, first ? "" : " ");
         }
         break;
     }

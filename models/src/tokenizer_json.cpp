@@ -106,55 +106,47 @@ struct Reader {
   }
 
   void pre_tokenizer(const json& p, const std::string& key, BpeSpec& spec) const {
+    using PStep = BpeSpec::PreTokenizeStep;
     if (p.is_null()) return;
     const std::string t = type(p, key);
     if (t == "Sequence") {
       const json& list = field(p, "pretokenizers", key);
       if (!list.is_array()) fail(key + ".pretokenizers", "expected an array");
-      if (list.size() == 1) {
-        pre_tokenizer(list[0], key + ".pretokenizers[0]", spec);
-        return;
-      }
-      // Split(pattern) then ByteLevel(use_regex=false), as Llama 3 writes it.
-      if (list.size() != 2 || !list[0].is_object() || list[0].value("type", "") != "Split") {
-        unsupported(key + ".pretokenizers", "only [pre-tokenizer] or [Split, ByteLevel] sequences are supported");
-      }
-      const BpeSpec::SplitPattern pattern = split(list[0], key + ".pretokenizers[0]");
-      pre_tokenizer(list[1], key + ".pretokenizers[1]", spec);
-      if (spec.pre_tokenizer != BpeSpec::PreTokenizer::ByteLevel || spec.split != BpeSpec::SplitPattern::None) {
-        unsupported(key + ".pretokenizers[1]", "a Split must be followed by ByteLevel with use_regex false");
-      }
-      spec.split = pattern;
+      for (size_t i = 0; i < list.size(); ++i) pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", key, i), spec);
+    } else if (t == "Split") {
+      spec.pre_tokenizer.push_back(
+          PStep::split_on(split_pattern(p, key), split_behavior(p, key), flag(p, "invert", key, false)));
     } else if (t == "ByteLevel") {
-      spec.pre_tokenizer = BpeSpec::PreTokenizer::ByteLevel;
-      spec.add_prefix_space = flag(p, "add_prefix_space", key, false);
-      spec.split = flag(p, "use_regex", key, true) ? BpeSpec::SplitPattern::Gpt2 : BpeSpec::SplitPattern::None;
+      spec.pre_tokenizer.push_back(PStep::byte_level(flag(p, "add_prefix_space", key, false), flag(p, "use_regex", key, true)));
     } else if (t == "Metaspace") {
-      spec.pre_tokenizer = BpeSpec::PreTokenizer::Metaspace;
-      spec.metaspace_replacement = str(p, "replacement", key);
-      spec.prepend_scheme = prepend_scheme(p, key);
-      spec.metaspace_split = flag(p, "split", key, true);
+      spec.pre_tokenizer.push_back(
+          PStep::metaspace(str(p, "replacement", key), prepend_scheme(p, key), flag(p, "split", key, true)));
     } else {
-      unsupported(key + ".type", fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Metaspace are)", t));
+      unsupported(key + ".type",
+                  fmt::format("pre-tokenizer '{}' is not supported (Sequence, Split, ByteLevel, Metaspace are)", t));
     }
   }
 
-  // A Split pre-tokenizer: only the GPT-2 and Llama 3 patterns, isolated, are implemented.
-  BpeSpec::SplitPattern split(const json& p, const std::string& key) const {
-    static const std::string kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-    static const std::string kLlama3 =
-        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  // Split's pattern: {"String": literal} or {"Regex": Oniguruma-syntax regex, run on PCRE2}.
+  SplitPattern split_pattern(const json& p, const std::string& key) const {
     const json& pat = field(p, "pattern", key);
-    if (!pat.is_object() || !pat.contains("Regex") || !pat["Regex"].is_string()) {
-      unsupported(key + ".pattern", "only {\"Regex\": ...} split patterns are supported");
+    if (pat.is_object() && pat.contains("String") && pat["String"].is_string()) {
+      return SplitPattern::literal(pat["String"].get<std::string>());
     }
-    if (str(p, "behavior", key) != "Isolated" || flag(p, "invert", key, false)) {
-      unsupported(key + ".behavior", "only behavior \"Isolated\" without invert is supported");
+    if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
+      return SplitPattern::regex(pat["Regex"].get<std::string>(), fmt::format("{}: {}.pattern.Regex", path, key));
     }
-    const std::string re = pat["Regex"].get<std::string>();
-    if (re == kGpt2) return BpeSpec::SplitPattern::Gpt2;
-    if (re == kLlama3) return BpeSpec::SplitPattern::Llama3;
-    unsupported(key + ".pattern.Regex", fmt::format("split pattern '{}' is not supported (GPT-2's and Llama 3's are)", re));
+    fail(key + ".pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
+  }
+
+  SplitBehavior split_behavior(const json& p, const std::string& key) const {
+    const std::string b = str(p, "behavior", key);
+    if (b == "Removed") return SplitBehavior::Removed;
+    if (b == "Isolated") return SplitBehavior::Isolated;
+    if (b == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
+    if (b == "MergedWithNext") return SplitBehavior::MergedWithNext;
+    if (b == "Contiguous") return SplitBehavior::Contiguous;
+    fail(key + ".behavior", fmt::format("'{}' is not Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous", b));
   }
 
   void post_processor(const json& p, const std::string& key, BpeSpec& spec) const {
@@ -336,9 +328,7 @@ BpeSpec read_vocab_merges(const std::string& vocab_path, const std::string& merg
     spec.merges.emplace_back(line.substr(0, sp), line.substr(sp + 1));
   }
 
-  spec.pre_tokenizer = BpeSpec::PreTokenizer::ByteLevel;
-  spec.add_prefix_space = false;
-  spec.split = BpeSpec::SplitPattern::Gpt2;
+  spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::byte_level(/*add_prefix_space=*/false, /*use_regex=*/true)};
   spec.decoder = std::vector<BpeSpec::DecodeStep>{{BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
   const std::string eot = "<|endoftext|>";
   if (vocab.contains(eot)) {

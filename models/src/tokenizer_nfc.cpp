@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 namespace flex::unicode {
 namespace {

@@ -1,4 +1,5 @@
-// Letter / number / whitespace classes for the GPT-2 pre-tokenisation pattern.
+// Letter / number / whitespace classes, for the added-token tests (single_word,
+// lstrip, rstrip); the split regexes use PCRE2's own classes.
 //
 // The range tables below are generated, not hand-written: they list the code
 // points that Node.js 20 (V8, ICU 78, Unicode 17) matches with /^\p{L}$/u and

@@ -55,6 +55,7 @@ std::string ShardSpec::describe() const {
   if (!blocks.empty()) s << ", blocks=" << shape_str(blocks);
   if (unit != 1) s << ", unit=" << unit;
   if (!groups.empty()) s << ", kv_groups=" << shape_str(groups);
+  if (owner >= 0) s << ", on_rank=" << owner;
   s << ")";
   return s.str();
 }
@@ -91,6 +92,15 @@ std::vector<Range> shard_ranges(const ShardSpec& spec, int64_t whole_len, int ra
   std::vector<Range> out;
   int64_t offset = 0;
   const auto lens = block_lens(spec, whole_len);
+  if (spec.owner >= 0) {
+    check_size(spec.owner, size);
+    check_size(rank, size);
+    for (int64_t b : lens) {
+      out.push_back({offset, rank == spec.owner ? b : 0});
+      offset += b;
+    }
+    return out;
+  }
   if (!spec.groups.empty() && spec.groups.size() != lens.size())
     throw ConfigError("shard spec " + spec.describe() + ": one kv group per block is needed");
   for (size_t i = 0; i < lens.size(); ++i) {

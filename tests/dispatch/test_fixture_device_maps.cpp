@@ -217,7 +217,7 @@ TEST_P(FixtureDeviceMaps, TransformersAutoEndToEnd) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FixtureDeviceMaps, ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2",
-                                                                   "gemma2", "phi3", "olmo2"),
+                                                                   "gemma2", "phi3", "olmo2", "mixtral", "qwen2_moe"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            for (auto& c : n)

@@ -69,7 +69,7 @@ TEST_P(FromPretrained, AutoMapWithSmallBudgetMatchesInMemoryAndGolden) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FromPretrained,
                          ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "llama-sharded", "mistral",
-                                           "qwen2", "gemma2", "phi3", "olmo2"),
+                                           "qwen2", "gemma2", "phi3", "olmo2", "mixtral", "qwen2_moe"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& c : s)

@@ -13,7 +13,7 @@ namespace {
 // The Llama-family fixtures' inputs (8 tokens) pass Mistral's and Gemma 2's
 // sliding window (4), so cached decoding crosses it.
 const std::vector<std::string> kModels = {"gpt2",    "llama", "gpt-neox", "llama3-rope-tied", "mistral",
-                                          "qwen2",   "gemma2", "phi3",    "olmo2"};
+                                          "qwen2",   "gemma2", "phi3",    "olmo2", "mixtral", "qwen2_moe"};
 
 std::shared_ptr<CausalLM> load(const std::string& name) {
   return load_pretrained(models_test::model_dir(name), at::kFloat);

@@ -33,7 +33,9 @@ std::vector<Case> cases() {
           {"qwen2", "qwen2", "qwen2"},
           {"gemma2", "gemma2", "gemma2"},
           {"phi3", "phi3", "phi3"},
-          {"olmo2", "olmo2", "olmo2"}};
+          {"olmo2", "olmo2", "olmo2"},
+          {"mixtral", "mixtral", "mixtral"},
+          {"qwen2_moe", "qwen2_moe", "qwen2_moe"}};
 }
 
 struct Capture {

@@ -77,6 +77,35 @@ TEST(TokenizerErrors, UnsupportedComponents) {
   expect_error<flex::UnsupportedError>(dir.str(), {file, "normalizer.pattern", "Regex"});
 }
 
+TEST(TokenizerErrors, SplitPreTokenizers) {
+  flex_test::TempDir dir;
+  const std::string file = dir.str("tokenizer.json");
+  const auto split = [&](const std::string& fields) {
+    write(file, "{" + kMinimalModel + R"(, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", )" +
+                    fields + R"(}, {"type": "ByteLevel", "use_regex": false}]}})");
+  };
+  // A regex PCRE2 cannot compile, and one that needs a construct with no PCRE2
+  // equivalent, are unsupported; the message names the file and the key.
+  split(R"("pattern": {"Regex": "\\p{NotAProperty}+"}, "behavior": "Isolated", "invert": false)");
+  expect_error<flex::UnsupportedError>(dir.str(), {file, "pre_tokenizer.pretokenizers[0].pattern.Regex", "NotAProperty"});
+  split(R"("pattern": {"Regex": "[^\\S]"}, "behavior": "Isolated", "invert": false)");
+  expect_error<flex::UnsupportedError>(dir.str(), {file, "pre_tokenizer.pretokenizers[0].pattern.Regex", "inside [...]"});
+  // Malformed fields are format errors.
+  split(R"("pattern": {"Regex": "a"}, "behavior": "Sideways", "invert": false)");
+  expect_error<flex::FileFormatError>(dir.str(), {file, "pre_tokenizer.pretokenizers[0].behavior", "Sideways"});
+  split(R"("pattern": {"Glob": "*"}, "behavior": "Isolated")");
+  expect_error<flex::FileFormatError>(dir.str(), {file, "pre_tokenizer.pretokenizers[0].pattern"});
+  // Pre-tokenizers other than Split, ByteLevel and Metaspace are unsupported.
+  write(file, "{" + kMinimalModel + R"(, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "ByteLevel"}, {"type": "Digits", "individual_digits": true}]}})");
+  expect_error<flex::UnsupportedError>(dir.str(), {file, "pre_tokenizer.pretokenizers[1].type", "Digits"});
+  // A well-formed Split loads and runs: Removed drops the space, so "a b" is the
+  // words "a" and "b" (the merge a+b cannot join them), and "ab" is one token.
+  split(R"("pattern": {"String": " "}, "behavior": "Removed", "invert": false)");
+  EXPECT_EQ(flex::load_tokenizer(dir.str())->encode("a b"), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(flex::load_tokenizer(dir.str())->encode("ab"), (std::vector<int64_t>{2}));
+}
+
 TEST(TokenizerErrors, BadVocabAndMergesFiles) {
   flex_test::TempDir dir;
   write(dir.str("vocab.json"), R"({"a": 0, "b": 1, "ab": 2})");

@@ -172,10 +172,10 @@ TEST(TokenizerBpeSpec, ByteLevelPrefixSpaceAndMetaspace) {
   for (int b = 0; b < 256; ++b) spec.vocab.emplace_back(chars[b], b);
   spec.vocab.emplace_back(chars[' '] + "h", 256);
   spec.merges = {{chars[' '], "h"}};
-  spec.pre_tokenizer = flex::BpeSpec::PreTokenizer::ByteLevel;
-  spec.add_prefix_space = true;
+  using Step = flex::BpeSpec::PreTokenizeStep;
+  spec.pre_tokenizer = {Step::byte_level(/*add_prefix_space=*/true, /*use_regex=*/true)};
   EXPECT_EQ(flex::BpeTokenizer(spec).encode("hi"), (Ids{256, 'i'}));
-  spec.add_prefix_space = false;
+  spec.pre_tokenizer = {Step::byte_level(/*add_prefix_space=*/false, /*use_regex=*/true)};
   EXPECT_EQ(flex::BpeTokenizer(spec).encode("hi"), (Ids{'h', 'i'}));
 
   // Metaspace (newer Llama files): ▁ replaces spaces, is prepended to the first
@@ -185,8 +185,7 @@ TEST(TokenizerBpeSpec, ByteLevelPrefixSpaceAndMetaspace) {
   const std::string S = "\xE2\x96\x81";
   ms.vocab = {{"<s>", 0}, {S, 1}, {"a", 2}, {"b", 3}, {S + "a", 4}, {S + "b", 5}, {"ab", 6}};
   ms.merges = {{S, "a"}, {S, "b"}, {"a", "b"}};
-  ms.pre_tokenizer = flex::BpeSpec::PreTokenizer::Metaspace;
-  ms.prepend_scheme = flex::BpeSpec::PrependScheme::First;
+  ms.pre_tokenizer = {Step::metaspace(S, flex::BpeSpec::PrependScheme::First, /*split=*/true)};
   ms.added_tokens = {{"<s>", 0, true, false, false, false, false}};
   using K = flex::BpeSpec::DecodeStep::Kind;
   ms.decoder = std::vector<flex::BpeSpec::DecodeStep>{{K::Metaspace, S, "", 0, 0, flex::BpeSpec::PrependScheme::First}};

@@ -1,31 +1,13 @@
-// UTF-8 decoding, character classes, the GPT-2 split pattern and NFC, each checked
-// against facts from the Unicode standard worked out by hand (see the comments).
+// UTF-8 decoding, character classes and NFC, each checked against facts from the
+// Unicode standard worked out by hand (see the comments). The split patterns are
+// tested in test_tokenizer_split.cpp.
 #include <flex/models/tokenizer.h>
 #include <flex/models/tokenizer_unicode.h>
 #include <gtest/gtest.h>
 
 #include <string>
-#include <vector>
 
 namespace u = flex::unicode;
-
-namespace {
-
-std::vector<std::string> pieces(const std::string& s) {
-  std::vector<std::string> out;
-  size_t covered = 0;
-  for (const auto& [off, len] : u::split_gpt2(s)) {
-    EXPECT_EQ(off, covered) << "pieces must tile the text";
-    covered = off + len;
-    out.push_back(s.substr(off, len));
-  }
-  EXPECT_EQ(covered, s.size());
-  return out;
-}
-
-using V = std::vector<std::string>;
-
-}  // namespace
 
 TEST(TokenizerUnicode, DecodesWellFormedUtf8) {
   const std::string s = "a\xC3\xA9\xE4\xB8\x96\xF0\x9F\x98\x80";  // a é 世 😀
@@ -78,25 +60,6 @@ TEST(TokenizerUnicode, CharacterClasses) {
   for (uint32_t cp : {0x200Bu, 0xFEFFu, 0x41u, 0x1Cu}) EXPECT_FALSE(u::is_whitespace(cp)) << std::hex << cp;
 }
 
-TEST(TokenizerUnicode, Gpt2SplitPattern) {
-  // Words keep one leading space; the last space of a run before a word joins it.
-  EXPECT_EQ(pieces("Hello world"), (V{"Hello", " world"}));
-  EXPECT_EQ(pieces("a  b"), (V{"a", " ", " b"}));
-  EXPECT_EQ(pieces("   x"), (V{"  ", " x"}));
-  // \s+(?!\S) takes a whole run at the end; a lone tab before a word stands alone.
-  EXPECT_EQ(pieces("x \n\n"), (V{"x", " \n\n"}));
-  EXPECT_EQ(pieces("\tx"), (V{"\t", "x"}));
-  // Contractions are lower-case only; "'S" is punctuation + letters.
-  EXPECT_EQ(pieces("it's we'll I'M"), (V{"it", "'s", " we", "'ll", " I", "'", "M"}));
-  // Numbers, letters and other characters form separate runs; " ?" prefixes each.
-  EXPECT_EQ(pieces("abc123def 45!?"), (V{"abc", "123", "def", " 45", "!?"}));
-  EXPECT_EQ(pieces("e\xCC\x81"), (V{"e", "\xCC\x81"}));  // a combining mark is not a letter
-  EXPECT_EQ(pieces(" \xF0\x9F\x98\x80!"), (V{" \xF0\x9F\x98\x80!"}));
-  // Invalid bytes are "other" characters and never get lost.
-  EXPECT_EQ(pieces("a\xFF\xFE b"), (V{"a", "\xFF\xFE", " b"}));
-  EXPECT_TRUE(pieces("").empty());
-}
-
 TEST(TokenizerUnicode, NfcComposes) {
   // e + COMBINING ACUTE -> é.
   EXPECT_EQ(u::nfc("cafe\xCC\x81"), "caf\xC3\xA9");
@@ -111,21 +74,4 @@ TEST(TokenizerUnicode, NfcComposes) {
   // Already-composed text and invalid bytes pass through.
   EXPECT_EQ(u::nfc("Stra\xC3\x9F" "e \xE4\xB8\x96"), "Stra\xC3\x9F" "e \xE4\xB8\x96");
   EXPECT_EQ(u::nfc("e\xFF\xCC\x81"), "e\xFF\xCC\x81");
-}
-
-TEST(TokenizerUnicode, Llama3SplitPattern) {
-  std::vector<std::string> got;
-  const auto split = [&](const std::string& s) {
-    got.clear();
-    for (const auto& [off, len] : u::split_llama3(s)) got.push_back(s.substr(off, len));
-    return got;
-  };
-  // Case-insensitive contractions; numbers in groups of at most three; a lone space
-  // before a digit is its own piece; punctuation takes the newlines after it; the
-  // last space of a run joins the next word.
-  EXPECT_EQ(split("I'M 12345 hi!\n\n  x"), (V{"I", "'M", " ", "123", "45", " hi", "!\n\n", " ", " x"}));
-  // Any one non-letter, non-digit, non-newline character (a tab here) prefixes a
-  // word; a whitespace run ends at its last newline.
-  EXPECT_EQ(split("\tword a\n\n b"), (V{"\tword", " a", "\n\n", " b"}));
-  EXPECT_EQ(split("x \r\n y"), (V{"x", " \r\n", " y"}));
 }

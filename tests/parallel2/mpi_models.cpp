@@ -7,6 +7,7 @@
 #include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
+#include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/parallel_lm.h>
@@ -61,6 +62,7 @@ std::vector<std::string> hooked_modules(const std::string& model, const std::str
     o << what << ": shape " << a.sizes() << " vs expected " << e.sizes();
     return ::testing::AssertionFailure() << o.str();
   }
+  if (a.numel() == 0) return ::testing::AssertionSuccess();  // an expert that saw no rows
   const double diff = (a.to(at::kDouble) - e.to(at::kDouble)).abs().max().item<double>();
   if (diff <= atol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": max |diff| " << diff << " > " << atol;
@@ -290,6 +292,113 @@ TEST(ParallelRouter, HooksThatDifferAcrossRanksAreReported) {
     EXPECT_TRUE(close(logits, golden(a.fixture)->get("logits"), "logits after the mismatch"));
     EXPECT_TRUE(close(fm.output().at(a.mlp).at(0), golden(a.fixture)->get(a.mlp), a.mlp));
   }
+}
+
+// Mixture of experts over the mesh: experts split over tp (the router
+// replicated, so every rank routes alike), layers over pp, the batch over dp.
+// Routing edits give the single-process edited logits; expert rows and their
+// token indices arrive whole on rank 0 in single-process order (over dp the
+// ranks' rows are merged by choice slot, then token).
+void add_routing_edits(flex::FlexModel& fm, const std::string& block0, const std::string& block1) {
+  auto edit = [&](const std::string& name, flex::EditFn fn) {
+    flex::HookFunctionOptions o;
+    o.editing_function = std::move(fn);
+    fm.register_forward_hook(std::make_shared<flex::HookFunction>(name, o));
+  };
+  edit(block0 + ".gate", flex::ban_experts({1}));  // expert 1 of layer 0 then runs on no rows
+  edit(block1 + ".hook_selected_experts", flex::force_experts({2, 0}, {0, 5, 9, 15}));
+  edit(block1 + ".experts.3", flex::scale_output(2.5));
+}
+
+std::shared_ptr<flex::ParallelCausalLM> load_moe(const std::string& model, bool expert_parallel) {
+  flex::ParallelLMOptions o;
+  o.expert_parallel = expert_parallel;
+  return flex::load_parallel_pretrained(flex_test::fixture("models/" + model), mesh(), o);
+}
+
+// Tensor parallel (every expert split) and expert parallel (whole experts
+// per tp rank): router logits, every expert's rows and its projections, the
+// block outputs and the logits equal Transformers' golden captures.
+TEST(ParallelMoe, EveryCaptureMatchesGoldenWithExpertsSplitOrWhole) {
+  for (const std::string model : {"mixtral", "qwen2_moe"}) {
+    for (const bool ep : {false, true}) {
+      const std::string what = model + (ep ? " (expert parallel)" : " (experts split)");
+      auto lm = load_moe(model, ep);
+      flex::FlexModel fm(lm);
+      fm.set_mesh(mesh(), lm->layout());
+      const auto names = hooked_modules(model, "model");
+      for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+      at::Tensor logits = fm.forward(inputs());
+      // Gathered parameters are whole: an expert's projections, the router.
+      const std::string sparse = model == "mixtral" ? "block_sparse_moe" : "mlp";
+      const std::string down = model == "mixtral" ? ".w2" : ".down_proj";
+      // Expert parallel: expert 3 of 4 lives on the last tp rank only.
+      const std::string e3 = "model.layers.1." + sparse + ".experts.3" + down + ".weight";
+      if (ep && mesh().tp_size() > 1 && mesh().tp_rank() == 0 && lm->owns_parameter(e3))
+        EXPECT_EQ(flex::get_module_tensor(*lm, e3).numel(), 0) << what << ": expert 3 held on tp rank 0";
+      if (!ep && mesh().tp_size() > 1 && lm->owns_parameter(e3))
+        EXPECT_GT(flex::get_module_tensor(*lm, e3).numel(), 0) << what << ": every rank holds a slice of expert 3";
+      auto ckpt = flex::Checkpoint::open(flex_test::fixture("models/" + model));
+      for (const std::string p : {"model.layers.1." + sparse + ".experts.3" + down + ".weight",
+                                  "model.layers.0." + sparse + ".experts.0" + down + ".weight",
+                                  "model.layers.0." + sparse + ".gate.weight"}) {
+        at::Tensor w = fm.get_module_parameter(p);
+        if (rank0()) EXPECT_TRUE(close(w, ckpt.get(p), what + " parameter " + p, 0.0));
+      }
+      if (!rank0()) continue;
+      auto g = golden(model);
+      EXPECT_TRUE(close(logits, g->get("logits"), what + " logits"));
+      for (const auto& n : names) {
+        auto it = fm.output().find(n);
+        ASSERT_TRUE(it != fm.output().end()) << what << ": no capture of " << n;
+        EXPECT_TRUE(close(it->second.at(0), g->get(n), what + " " + n));
+      }
+    }
+  }
+}
+
+TEST(ParallelMoe, RoutingEditsAndExpertRowsMatchSingleProcess) {
+  for (const std::string model : {"mixtral", "qwen2_moe"}) {
+    const std::string sparse = model == "mixtral" ? "block_sparse_moe" : "mlp";
+    const std::string b0 = "model.layers.0." + sparse, b1 = "model.layers.1." + sparse;
+    const std::vector<std::string> captured{b0 + ".experts.1", b0 + ".experts.2", b1 + ".experts.0", b1 + ".experts.3",
+                                            b1};
+    flex::OutputMap expected_out;
+    at::Tensor expected;
+    if (rank0()) {
+      auto whole = flex::load_pretrained(flex_test::fixture("models/" + model));
+      flex::FlexModel single(whole);
+      add_routing_edits(single, b0, b1);
+      for (const auto& n : captured) single.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+      expected = single.forward(inputs());
+      ASSERT_GT((expected - golden(model)->get("logits")).abs().max().item<double>(), 1e-2) << model;
+      expected_out = single.output();
+      ASSERT_EQ(expected_out.at(b0 + ".experts.1").at(0).size(0), 0) << "the banned expert saw rows";
+    }
+    for (const bool ep : {false, true}) {
+      const std::string what = model + (ep ? " (expert parallel)" : " (experts split)");
+      auto lm = load_moe(model, ep);
+      flex::FlexModel fm(lm);
+      fm.set_mesh(mesh(), lm->layout());
+      add_routing_edits(fm, b0, b1);
+      for (const auto& n : captured) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+      at::Tensor logits = fm.forward(inputs());
+      if (!rank0()) continue;
+      EXPECT_TRUE(close(logits, expected, what + " edited logits"));
+      for (const auto& n : captured) {
+        EXPECT_TRUE(close(fm.output().at(n).at(0), expected_out.at(n).at(0), what + " " + n));
+        if (n == b1) continue;
+        EXPECT_TRUE(at::equal(fm.output().at(n + "#token_index").at(0), expected_out.at(n + "#token_index").at(0)))
+            << what << " " << n;
+      }
+    }
+  }
+}
+
+TEST(ParallelMoe, ExpertParallelismNeedsExperts) {
+  flex::ParallelLMOptions o;
+  o.expert_parallel = true;
+  EXPECT_THROW(flex::load_parallel_pretrained(flex_test::fixture("models/llama"), mesh(), o), flex::ConfigError);
 }
 
 }  // namespace

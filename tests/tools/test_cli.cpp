@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <set>
 
 using cli_test::expect_matches_golden;
@@ -57,8 +58,10 @@ TEST_P(CliCapture, BlocksOnDiskWithOffloadFolderReproduceGolden) {
 
 TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
   flex_test::TempDir tmp;
-  const std::string hook = GetParam() == "gpt2" ? "transformer.h.1.mlp" : GetParam() == "gpt-neox" ? "gpt_neox.layers.1.mlp"
-                                                                                                      : "model.layers.1.mlp";
+  const std::string hook = GetParam() == "gpt2"       ? "transformer.h.1.mlp"
+                           : GetParam() == "gpt-neox" ? "gpt_neox.layers.1.mlp"
+                           : GetParam() == "mixtral"  ? "model.layers.1.block_sparse_moe"
+                                                      : "model.layers.1.mlp";
   auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", hook, "--out",
                 tmp.str("cap.safetensors"), "--batch-size", "1"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -70,9 +73,39 @@ TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
   EXPECT_TRUE(at::equal(out->get("input_ids"), ref->get("input_ids")));
 }
 
+// An expert's rows come with their token indices over the whole input: put
+// back densely (row i at token_index[i]), batches of one give what one
+// batch of two gives, and every expert row is where the golden run put it.
+TEST(CliCaptureMoe, ExpertTokenIndicesSpanTheWholeInput) {
+  for (const std::string model : {"mixtral", "qwen2_moe"}) {
+    const std::string block = model == "mixtral" ? "model.layers.0.block_sparse_moe" : "model.layers.0.mlp";
+    std::map<std::string, at::Tensor> dense[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      flex_test::TempDir tmp;
+      std::vector<std::string> argv{"capture", flex_test::fixture("models/" + model), "--input-ids", kInputs,
+                                    "--hook", block + ".experts.1", "--hook", block + ".experts.2",
+                                    "--out", tmp.str("cap.safetensors")};
+      if (pass == 1) argv.insert(argv.end(), {"--batch-size", "1"});
+      auto r = run(argv);
+      ASSERT_EQ(r.code, 0) << r.err;
+      auto out = flex::SafetensorsFile::open(tmp.str("cap.safetensors"));
+      for (const std::string e : {".experts.1", ".experts.2"}) {
+        const at::Tensor rows = out->get(block + e), idx = out->get(block + e + "#token_index");
+        ASSERT_EQ(idx.scalar_type(), at::kLong);
+        ASSERT_EQ(idx.size(0), rows.size(0));
+        at::Tensor d = at::zeros({16, rows.size(1)});
+        d.index_copy_(0, idx, rows);
+        dense[pass][e] = d;
+        if (pass == 0) EXPECT_TRUE(models_test::close(rows, models_test::golden_tensors(model)->get(block + e), block + e));
+      }
+    }
+    for (const auto& [e, d] : dense[0]) EXPECT_TRUE(models_test::close(dense[1][e], d, model + e + " batches of one"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CliCapture,
                          ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2", "gemma2",
-                                           "phi3", "olmo2"),
+                                           "phi3", "olmo2", "mixtral", "qwen2_moe"),
                          name_of);
 
 TEST(CliCapture, ExplicitDiskMapFileAndStreamDir) {
@@ -187,7 +220,7 @@ TEST_P(CliInspect, JsonReproducesFixtureDeviceMapsAndSizes) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CliInspect,
                          ::testing::Values("gpt2", "llama", "gpt-neox", "llama3-rope-tied", "mistral", "qwen2", "gemma2",
-                                           "phi3", "olmo2"),
+                                           "phi3", "olmo2", "mixtral", "qwen2_moe"),
                          name_of);
 
 TEST(CliInspect, HumanReadableAndArchitecture) {

@@ -32,11 +32,17 @@ cli_test::Result mpirun(int np, const std::vector<std::string>& args) {
 
 struct Mesh {
   int tp, pp, dp;
+  bool expert_parallel = false;
   int np() const { return tp * pp * dp; }
   std::vector<std::string> flags() const {
-    return {"--tp", std::to_string(tp), "--pp", std::to_string(pp), "--dp", std::to_string(dp)};
+    std::vector<std::string> f{"--tp", std::to_string(tp), "--pp", std::to_string(pp), "--dp", std::to_string(dp)};
+    if (expert_parallel) f.push_back("--expert-parallel");
+    return f;
   }
-  std::string name() const { return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp); }
+  std::string name() const {
+    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+           (expert_parallel ? "_ep" : "");
+  }
 };
 
 const std::vector<Mesh> kMeshes = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}};
@@ -96,6 +102,14 @@ INSTANTIATE_TEST_SUITE_P(Models, CliParallelCapture,
 INSTANTIATE_TEST_SUITE_P(ZooII, CliParallelCapture,
                          ::testing::Combine(::testing::Values("mistral", "qwen2", "gemma2", "phi3", "olmo2"),
                                             ::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{1, 1, 2})),
+                         case_name);
+// Mixture of experts: every expert split over tp=2 (router replicated), whole
+// experts per rank with --expert-parallel, whole layers per stage at pp=2,
+// and at dp=2 each rank's expert rows merged back into single-process order.
+INSTANTIATE_TEST_SUITE_P(MoE, CliParallelCapture,
+                         ::testing::Combine(::testing::Values("mixtral", "qwen2_moe"),
+                                            ::testing::Values(Mesh{2, 1, 1}, Mesh{2, 1, 1, true}, Mesh{1, 2, 1},
+                                                              Mesh{1, 1, 2})),
                          case_name);
 // Heads that do not divide by tp: 4 query heads over tp=3 split [2, 1, 1] and
 // the 2 key/value heads follow them (rank 0 holds kv head 0, ranks 1 and 2

@@ -1,6 +1,7 @@
 #pragma once
 // Internals of the `flexmodel` command line: argument parsing, logging,
 // progress, and the subcommands. Not a public API (no include/ header).
+#include <flex/quant/bnb_config.h>
 #include <flex/dispatch/memory.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/parallel_lm.h>
@@ -104,6 +105,8 @@ void require_writable_dir(const std::string& dir);
 /// The flags of model loading shared by capture and generate.
 std::vector<Flag> loading_flags();
 /// from_pretrained with --device-map, --max-memory, --offload-folder, --dtype.
+/// --quantize int8|nf4|fp4 (nullopt when absent); UsageError otherwise.
+std::optional<BnbQuantizationConfig> quantization_option(const Args& args);
 std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args);
 
 /// The ranks a command runs on. Outside mpirun: one local rank, no mesh.

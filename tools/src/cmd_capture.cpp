@@ -212,9 +212,17 @@ int run_capture(const std::vector<std::string>& argv) {
       if (!stream) {
         if (ranks.writer()) {
           logits.push_back(to_out(LMOutput::from_value(v).logits, out_dtype));
+          // An expert's row indices count tokens of this batch: shift them to
+          // the whole input's flattened b * T + t.
+          const int64_t first_token = b * bs * in.input_ids.size(1);
           for (auto& [key, list] : fm.output())
-            for (size_t k = 0; k < list.size(); ++k)
-              captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(to_out(list[k], out_dtype));
+            for (size_t k = 0; k < list.size(); ++k) {
+              at::Tensor t = to_out(list[k], out_dtype);
+              const std::string suffix = "#token_index";
+              if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+                t = t + first_token;
+              captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(t);
+            }
         }
         fm.clear();
       }

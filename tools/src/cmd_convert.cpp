@@ -3,6 +3,8 @@
 // config and the tokenizer files are copied along.
 #include "cli.h"
 
+#include <flex/models/from_pretrained.h>
+#include <flex/quant/quantize_model.h>
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/offload_folder.h>
@@ -28,6 +30,7 @@ const std::vector<Flag>& convert_flags() {
         {"--out", "DIR", "output folder (created)"},
         {"--max-shard-size", "SIZE", "largest shard, e.g. 200MB or 5GB (default: 5GB, Transformers' default)"},
         {"--dtype", "f32|bf16|f16", "cast floating tensors"},
+        {"--quantize", "int8|nf4|fp4", "write the dense layers quantized, in bitsandbytes' layout (lm_head stays)"},
         {"--offload-folder", "", "write an Accelerate offload folder (index.json + NAME.dat) instead of safetensors"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
@@ -69,12 +72,29 @@ int run_convert(const std::vector<std::string>& argv) {
 
   const Checkpoint ckpt = Checkpoint::open(dir);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& file : ckpt.files())
-    for (const auto& key : ckpt.keys_in(file)) {
-      at::Tensor t = ckpt.get(key);
-      if (dtype && t.is_floating_point()) t = t.to(*dtype);
-      tensors.emplace_back(key, t);
+  const auto quantization = quantization_option(args);
+  std::shared_ptr<CausalLM> quantized;
+  if (quantization) {
+    // Loaded quantized (tensor by tensor), written under bitsandbytes' names:
+    // the checkpoint's own tensors and each quantized layer's new ones.
+    PretrainedOptions po;
+    po.quantization = quantization;
+    if (dtype) po.torch_dtype = torch_dtype_name(*dtype);
+    quantized = from_pretrained(dir, po);
+    for (auto& [name, t] : bnb_state_dict(*quantized)) {
+      const size_t dot = name.find(".weight.");
+      const bool extra = dot != std::string::npos || name.size() > 4 && name.compare(name.size() - 4, 4, ".SCB") == 0 ||
+                         name.find(".weight_format") != std::string::npos;
+      if (ckpt.contains(name) || extra) tensors.emplace_back(name, t);
     }
+  } else {
+    for (const auto& file : ckpt.files())
+      for (const auto& key : ckpt.keys_in(file)) {
+        at::Tensor t = ckpt.get(key);
+        if (dtype && t.is_floating_point()) t = t.to(*dtype);
+        tensors.emplace_back(key, t);
+      }
+  }
   Progress progress("writing", 1);
   if (offload) {
     offload_state_dict(*out, tensors);
@@ -92,6 +112,8 @@ int run_convert(const std::vector<std::string>& argv) {
     throw FileFormatError("'" + (fs::path(dir) / "config.json").string() + "' is not valid JSON: " + e.what());
   }
   if (dtype) cfg["torch_dtype"] = torch_dtype_name(*dtype);
+  if (quantization)
+    cfg["quantization_config"] = nlohmann::ordered_json::parse(bnb_quantization_config_json(*quantization).dump());
   // Every file goes through AtomicFile (temp name, fsync, rename): a failure
   // leaves no half-written file and raises IOError naming it.
   write_file_atomic((fs::path(*out) / "config.json").string(), cfg.dump(2) + "\n");

@@ -5,6 +5,7 @@
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
+#include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
 #include <flex/models/tokenizer.h>
@@ -29,6 +30,9 @@ const std::vector<Flag>& generate_flags() {
         {"--steer", "NAME=VECTOR.safetensors:ALPHA", "add ALPHA * vector to NAME's output", true},
         {"--ablate", "NAME[:HEAD]", "zero NAME's output, or one head of attention module NAME", true},
         {"--patch", "NAME=FILE.safetensors", "replace NAME's output by the tensor in FILE (positions 0..T-1)", true},
+        {"--force-experts", "BLOCK=E1,E2,...", "route every token of sparse MoE block BLOCK to experts E1.. (k of them)", true},
+        {"--ban-expert", "BLOCK=E[,E...]", "remove experts from BLOCK's router softmax (their logits become -inf)", true},
+        {"--scale-expert", "EXPERT=ALPHA", "multiply expert module EXPERT's output (e.g. BLOCK.experts.3) by ALPHA", true},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
     for (auto& l : loading_flags()) f.push_back(l);
@@ -143,6 +147,53 @@ HookFunctionPtr patch(const std::string& spec, bool cached) {
   });
 }
 
+/// "3,1" -> {3, 1}; UsageError naming the flag otherwise.
+std::vector<int64_t> expert_ids(const std::string& flag, const std::string& list) {
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end || v < 0) throw UsageError("option " + flag + ": '" + item + "' is not an expert index");
+    ids.push_back(v);
+    start = comma + 1;
+  }
+  return ids;
+}
+
+/// The sparse block BLOCK names (NotFoundError with close names, or saying it is not one).
+void require_moe_block(Module& model, const std::string& flag, const std::string& block) {
+  model.get_submodule(block);
+  try {
+    model.get_submodule(block + ".hook_selected_experts");
+  } catch (const NotFoundError&) {
+    throw NotFoundError(flag + ": '" + block + "' is not a sparse mixture-of-experts block (e.g. " +
+                        "model.layers.0.block_sparse_moe in Mixtral, model.layers.0.mlp in Qwen2-MoE)");
+  }
+}
+
+HookFunctionPtr force(const std::string& spec, Module& model) {
+  const auto [block, list] = split_eq("--force-experts", spec, "BLOCK=E1,E2,...");
+  require_moe_block(model, "--force-experts", block);
+  return edit_hook(block + ".hook_selected_experts", force_experts(expert_ids("--force-experts", list)));
+}
+
+HookFunctionPtr ban(const std::string& spec, Module& model) {
+  const auto [block, list] = split_eq("--ban-expert", spec, "BLOCK=E[,E...]");
+  require_moe_block(model, "--ban-expert", block);
+  return edit_hook(block + ".gate", ban_experts(expert_ids("--ban-expert", list)));
+}
+
+HookFunctionPtr scale_expert(const std::string& spec) {
+  const auto [name, alpha_s] = split_eq("--scale-expert", spec, "EXPERT=ALPHA");
+  char* end = nullptr;
+  const double alpha = std::strtod(alpha_s.c_str(), &end);
+  if (*end) throw UsageError("option --scale-expert: ALPHA '" + alpha_s + "' is not a number");
+  return edit_hook(name, scale_output(alpha));
+}
+
 }  // namespace
 
 int run_generate(const std::vector<std::string>& argv) {
@@ -190,6 +241,9 @@ int run_generate(const std::vector<std::string>& argv) {
   for (const auto& s : args.all("--steer")) fm.register_forward_hook(steer(s));
   for (const auto& s : args.all("--ablate")) fm.register_forward_hook(ablate(s, *root));
   for (const auto& s : args.all("--patch")) fm.register_forward_hook(patch(s, g.use_cache));
+  for (const auto& s : args.all("--force-experts")) fm.register_forward_hook(force(s, *root));
+  for (const auto& s : args.all("--ban-expert")) fm.register_forward_hook(ban(s, *root));
+  for (const auto& s : args.all("--scale-expert")) fm.register_forward_hook(scale_expert(s));
 
   std::vector<int64_t> ids = tok->encode(*prompt);
   if (ids.empty()) throw ConfigError("the prompt has no tokens");

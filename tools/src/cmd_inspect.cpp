@@ -3,6 +3,7 @@
 // chooses for a budget, computed on a meta model (no weights are read).
 #include "cli.h"
 
+#include <flex/models/from_pretrained.h>
 #include <flex/dispatch/auto_device_map.h>
 #include <flex/dispatch/module_sizes.h>
 #include <flex/dispatch/tied_parameters.h>
@@ -26,6 +27,7 @@ const std::vector<Flag>& inspect_flags() {
     std::vector<Flag> f = {
         {"--max-memory", "DEV=SIZE,...", "budget per device (0, 1, ..., cpu, disk); default: this machine's free memory"},
         {"--dtype", "f32|bf16|f16", "size floating weights as this dtype"},
+        {"--quantize", "int8|nf4|fp4", "plan the dense layers quantized (bitsandbytes formats; lm_head stays)"},
         {"--no-split", "CLASS,...", "classes never split across devices ('none' for none; default: the block class)"},
         {"--json", "", "print one JSON object (architecture, num_parameters, module_sizes, tied_parameters, device_map)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
@@ -91,6 +93,8 @@ int run_inspect(const std::vector<std::string>& argv) {
     model = build_causal_lm(cfg);
   }
   model->tie_weights();  // as from_pretrained does after init_empty_weights
+  // Quantized layers (asked for, or as the checkpoint holds them) are sized as stored.
+  plan_quantized_layers(*model, dir, quantization_option(args), o.dtype.value_or(at::kFloat));
 
   if (auto ns = args.get("--no-split")) {
     o.no_split_module_classes = *ns == "none" ? std::vector<std::string>{} : split_commas(*ns);

@@ -150,13 +150,25 @@ std::vector<Flag> loading_flags() {
       {"--max-memory", "DEV=SIZE,...", "budgets for --device-map, e.g. 0=200MB,cpu=1GiB (implies --device-map auto)"},
       {"--offload-folder", "DIR", "folder for weights the map sends to disk"},
       {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
+      {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
   };
+}
+
+std::optional<BnbQuantizationConfig> quantization_option(const Args& args) {
+  auto q = args.get("--quantize");
+  if (!q) return std::nullopt;
+  if (*q != "int8" && *q != "nf4" && *q != "fp4")
+    throw UsageError("option --quantize must be int8, nf4 or fp4, got '" + *q + "'");
+  // 4-bit layers compute in the model's dtype (--dtype), as bnb_4bit_compute_dtype.
+  const at::ScalarType compute = args.get("--dtype") ? parse_dtype(*args.get("--dtype")) : at::kFloat;
+  return quantization_from_string(*q, compute);
 }
 
 std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
   require_model_dir(dir);
   PretrainedOptions o;
   if (auto d = args.get("--dtype")) o.torch_dtype = torch_dtype_name(parse_dtype(*d));
+  o.quantization = quantization_option(args);
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
   if (auto off = args.get("--offload-folder")) {
     require_writable_dir(*off);
@@ -189,7 +201,8 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
 std::vector<Flag> parallel_flags() {
   return {{"--tp", "N", "tensor-parallel ranks (default 1)"},
           {"--pp", "N", "pipeline-parallel ranks (default 1)"},
-          {"--dp", "N", "data-parallel ranks (default 1)"}};
+          {"--dp", "N", "data-parallel ranks (default 1)"},
+          {"--expert-parallel", "", "mixture-of-experts models: whole experts per --tp rank instead of a slice of each"}};
 }
 
 Ranks parallel_setup(const Args& args) {
@@ -224,7 +237,9 @@ std::shared_ptr<ParallelCausalLM> load_parallel_model(const std::string& dir, co
   require_model_dir(dir);
   ParallelLMOptions o;
   if (auto d = args.get("--dtype")) o.dtype = parse_dtype(*d);
-  log(LogLevel::Info, "loading " + dir + " over " + mesh.describe());
+  o.quantization = quantization_option(args);
+  o.expert_parallel = args.has("--expert-parallel");
+  log(LogLevel::Info, "loading " + dir + " over " + mesh.describe() + (o.expert_parallel ? " (experts whole per tp rank)" : ""));
   Progress p("loading", 1);
   auto model = load_parallel_pretrained(dir, mesh, o);
   p.step();

@@ -43,6 +43,15 @@ struct LoadCheckpointOptions {
   bool strict = false;
   /// Where warnings go (stderr when null).
   std::ostream* log = nullptr;
+  /// Turns checkpoint tensor `key` into the model tensors it stands for
+  /// (quantizing a full-precision weight, renaming bitsandbytes' dotted
+  /// names); nullopt loads the key as it is. `read` reads the tensor (only
+  /// when called). Produced tensors keep their dtype and shape (the model's
+  /// tensors take them) and go where the device map puts their model names;
+  /// disk-mapped ones are written to offload_folder.
+  std::function<std::optional<std::vector<std::pair<std::string, at::Tensor>>>(
+      const std::string& key, const std::function<at::Tensor()>& read)>
+      transform;
 };
 
 struct LoadCheckpointReport {
@@ -74,6 +83,8 @@ struct LoadAndDispatchOptions {
   std::ostream* log = nullptr;
   /// Modules left out of an inferred map (e.g. tensor-less hook points).
   std::function<bool(const std::string& name)> skip_module;
+  /// See LoadCheckpointOptions::transform.
+  decltype(LoadCheckpointOptions::transform) transform;
 };
 
 /// Resolves the device map, loads the checkpoint into it and dispatches the

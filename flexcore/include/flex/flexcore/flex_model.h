@@ -54,6 +54,8 @@
 
 namespace flex {
 
+struct TokenRows;
+
 class FlexModel {
  public:
   /// `output` receives captures (created when null); see output().
@@ -133,7 +135,9 @@ class FlexModel {
   // --- captures ------------------------------------------------------------------------
   /// Module name -> one tensor per capturing call (CPU, detached; rank 0 only).
   /// Gradient captures use keys "<name>#grad_input", "<name>#grad_output",
-  /// "<param>#grad"; forward-pre captures "<name>#input".
+  /// "<param>#grad"; forward-pre captures "<name>#input". A mixture-of-experts
+  /// expert's capture comes with "<name>#token_index": the flattened token
+  /// index b*T + t of each captured row (flex/models/moe.h).
   OutputMap& output() { return *output_; }
   const std::shared_ptr<OutputMap>& output_ptr() const { return output_; }
   void clear() { output_->clear(); }
@@ -170,7 +174,16 @@ class FlexModel {
   void detach(const HookFunction* hook);
   std::vector<HookFunctionPtr> match(const std::string& group, const std::function<bool(const std::string&)>& pred,
                                      const HookFunctionOptions& options, HookType type, const std::string& what);
-  void capture(const HookFunction& hook, const at::Tensor& t);
+  void capture(const HookFunction& hook, const at::Tensor& t, const std::string& suffix = "");
+  // process() with the whole tensor's rows taken in `order` (undefined: as
+  // gathered) for the capture and the edit, and put back before the scatter.
+  at::Tensor process_ordered(const HookFunction& hook, Module& module, const at::Tensor& local, const at::Tensor& order);
+  // An output whose rows are a subset of the tokens (inside a mixture-of-
+  // experts expert): under data parallelism every rank's rows are gathered
+  // and put in single-process order (slot, then global token);
+  // "#token_index" is captured beside it.
+  at::Tensor process_token_rows(const HookFunction& hook, Module& module, const at::Tensor& local,
+                                const TokenRows& rows);
   // True under a ParallelRouter whose mesh has more than one rank.
   bool distributed() const;
   void broadcast_trainable(const std::string& name, torch::nn::Module& module);

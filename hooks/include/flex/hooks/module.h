@@ -116,6 +116,12 @@ class Module : public torch::nn::Module {
   /// the value is moved to the meta device.
   at::Tensor& add_buffer(const std::string& name, at::Tensor& slot, at::Tensor value,
                          bool persistent = true);
+  /// Replaces own parameter `name` by `value` of any dtype and shape (e.g. a
+  /// quantized weight's bytes), with requires_grad as given (false for
+  /// non-floating values). Under flex::EmptyInit the value goes to meta.
+  void replace_parameter(const std::string& name, at::Tensor value, bool requires_grad);
+  /// A layer that changes what it is (Linear -> Linear4bit) says so.
+  void set_class_name(std::string name) { class_name_ = std::move(name); }
 
  private:
   friend Module& add_hook_to_module(Module&, std::shared_ptr<ModelHook>, bool);

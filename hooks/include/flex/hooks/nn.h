@@ -8,25 +8,72 @@
 
 namespace flex {
 
+class DenseLayer;
+
+/// How a dense layer computes from a weight stored in another form (8-bit
+/// or 4-bit: flex/quant/weight_formats.h). The layer's `weight` then holds
+/// the stored form (bitsandbytes' bytes, no gradient) and the format's own
+/// tensors sit beside it; forward and hooks see the compute dtype.
+class WeightFormat {
+ public:
+  virtual ~WeightFormat() = default;
+  /// The class name a layer in this format shows ("Linear8bitLt", "Linear4bit").
+  virtual std::string class_name() const = 0;
+  /// x W^T + b, W [out, in] being `layer`'s stored weight.
+  virtual at::Tensor linear(const DenseLayer& layer, const at::Tensor& x) const = 0;
+  /// W [out, in] in the compute dtype.
+  virtual at::Tensor dequantize(const DenseLayer& layer) const = 0;
+};
+
+/// What Linear and Conv1D share: a weight, an optional bias, and optionally
+/// a WeightFormat the weight is stored in.
+class DenseLayer : public Module {
+ public:
+  at::Tensor weight, bias;
+  int64_t in_features, out_features;
+
+  virtual at::Tensor compute(const at::Tensor& x) const = 0;
+  Value forward(Inputs inputs) override { return compute(inputs.tensor(0)); }
+
+  /// Null for a plain floating-point weight.
+  const std::shared_ptr<const WeightFormat>& weight_format() const { return format_; }
+  /// Stores the weight in `format`: `stored_weight` replaces the weight
+  /// (no gradient), `extra` are the format's tensors (persistent buffers,
+  /// names without dots, e.g. "weight_absmax"); the class name becomes the
+  /// format's. Under EmptyInit the tensors go to meta.
+  void set_weight_format(std::shared_ptr<const WeightFormat> format, at::Tensor stored_weight,
+                         std::vector<std::pair<std::string, at::Tensor>> extra);
+  /// Swaps the format, keeping the stored tensors (its scalars changed).
+  void reset_weight_format(std::shared_ptr<const WeightFormat> format) { format_ = std::move(format); }
+  /// A tensor set_weight_format added; NotFoundError when absent.
+  const at::Tensor& format_tensor(const std::string& name) const;
+  /// The weight as the layer's own layout would hold it in floating point
+  /// (Linear [out, in], Conv1D [in, out]): dequantized when stored in a format.
+  virtual at::Tensor float_weight() const = 0;
+
+ protected:
+  DenseLayer(std::string class_name, int64_t in, int64_t out) : Module(std::move(class_name)), in_features(in), out_features(out) {}
+
+ private:
+  std::shared_ptr<const WeightFormat> format_;
+  std::map<std::string, at::Tensor> format_tensors_;  // stable slots for the buffers
+};
+
 /// y = x W^T + b, weight (out, in).
-class Linear : public Module {
+class Linear : public DenseLayer {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          const at::TensorOptions& options = {});
-  Value forward(Inputs inputs) override;
-  at::Tensor compute(const at::Tensor& x) const;
-  at::Tensor weight, bias;
-  int64_t in_features, out_features;
+  at::Tensor compute(const at::Tensor& x) const override;
+  at::Tensor float_weight() const override;
 };
 
-/// GPT-2's Conv1D: y = x W + b with weight stored (in, out).
-class Conv1D : public Module {
+/// GPT-2's Conv1D: y = x W + b with weight stored (in, out); a format holds W^T.
+class Conv1D : public DenseLayer {
  public:
   Conv1D(int64_t out_features, int64_t in_features, const at::TensorOptions& options = {});
-  Value forward(Inputs inputs) override;
-  at::Tensor compute(const at::Tensor& x) const;
-  at::Tensor weight, bias;
-  int64_t in_features, out_features;
+  at::Tensor compute(const at::Tensor& x) const override;
+  at::Tensor float_weight() const override;
 };
 
 class Embedding : public Module {

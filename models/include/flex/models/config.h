@@ -1,6 +1,7 @@
 #pragma once
 // Hugging Face config.json for the causal LMs of the zoo (gpt2, gpt_neox and
-// the Llama family: llama, mistral, qwen2, qwen3, gemma2, phi3, olmo2).
+// the Llama family: llama, mistral, qwen2, qwen3, gemma2, phi3, olmo2, and its
+// mixture-of-experts members mixtral, qwen2_moe).
 //
 // Each architecture's own field names are mapped to one set of parsed fields
 // (GPT-2's n_embd and Llama's hidden_size both land in hidden_size). The size
@@ -66,6 +67,15 @@ struct ModelConfig {
   double attn_logit_softcapping = 0;  // Gemma 2: tanh(s / cap) * cap on the scores
   double final_logit_softcapping = 0; // Gemma 2: the same on the logits
 
+  // Mixture of experts (Mixtral, Qwen2-MoE; num_experts 0 = dense).
+  int64_t num_experts = 0;                  // num_local_experts (Mixtral) / num_experts
+  int64_t num_experts_per_tok = 0;          // top-k
+  int64_t moe_intermediate_size = 0;        // each expert's (Mixtral: intermediate_size)
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert (0: none)
+  bool norm_topk_prob = false;              // renormalise the top-k weights to sum 1 (Mixtral: always)
+  int64_t decoder_sparse_step = 1;          // Qwen2-MoE: layer i is sparse iff (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;     // ... and i is not listed here
+
   std::optional<int64_t> bos_token_id, pad_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id may be one id or a list
   std::string torch_dtype;  // "" when absent
@@ -78,6 +88,8 @@ struct ModelConfig {
   bool layer_slides(int64_t layer) const {
     return sliding_window > 0 && layer % sliding_window_pattern == 0;
   }
+  /// Whether layer `layer` has a sparse mixture-of-experts block instead of a dense MLP.
+  bool layer_is_sparse(int64_t layer) const;
 };
 
 /// Reads `<dir>/config.json`, or the given .json file. Throws IOError when the

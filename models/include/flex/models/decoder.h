@@ -7,6 +7,8 @@
 // and the config supplies the numbers (sliding window, soft-caps, biases).
 // Every architecture's DecoderArch is in decoder_archs.cpp, one short
 // function each: adding the next Llama-like model is a new entry there.
+// Mixture-of-experts members (Mixtral, Qwen2-MoE) replace the MLP of their
+// sparse layers with a SparseMoeBlock (flex/models/moe.h).
 //
 // Names and classes are Transformers 4.47's (eager attention), with the
 // architecture's prefix: <P>ForCausalLM { model: <P>Model { embed_tokens,
@@ -29,6 +31,13 @@
 
 namespace flex {
 
+/// The class and child names of a gated MLP: down(act(gate(x)) * up(x)).
+struct GatedMLPNames {
+  std::string cls;  // "LlamaMLP", "MixtralBlockSparseTop2MLP", ...
+  std::string gate = "gate_proj", up = "up_proj", down = "down_proj", act = "act_fn";
+  bool down_before_up = false;  // registration order gate, down, up (Mixtral's w1, w2, w3)
+};
+
 /// What one Llama-family architecture does differently.
 struct DecoderArch {
   /// Class-name prefix: "Llama" gives LlamaForCausalLM, LlamaModel, ...
@@ -37,8 +46,9 @@ struct DecoderArch {
   /// Where cos/sin come from: one model.rotary_emb (with per-layer copies
   /// that 4.47 keeps but never calls: Llama, Qwen2), one model.rotary_emb only
   /// (Qwen3), or each self_attn.rotary_emb, called after the projections
-  /// (Mistral, Gemma 2, Phi-3, OLMo 2).
-  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer };
+  /// (Mistral, Gemma 2, Phi-3, OLMo 2), or each self_attn.rotary_emb as
+  /// precomputed cos/sin tables over positions (Mixtral, CachedRotaryEmbedding).
+  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer, PerLayerTables };
   Rope rope = Rope::ModelWithIdleLayerCopies;
 
   /// q/k RMSNorms: over the whole projection before the head split (OLMo 2)
@@ -64,7 +74,21 @@ struct DecoderArch {
   /// the same number up to rounding, kept to match bit for bit.
   bool multiply_scale = false;
 
+  /// Mixture of experts (config.num_experts > 0): the sparse block's name in
+  /// the layer, its experts' layout and whether a gated shared expert runs
+  /// beside them (Qwen2-MoE).
+  std::string moe_block = "mlp";  // "block_sparse_moe" in Mixtral
+  GatedMLPNames expert;
+  bool shared_expert = false;
+
   std::string cls(const std::string& suffix) const { return prefix + suffix; }
+  /// The dense MLP's names (activation child act_name).
+  GatedMLPNames mlp_names() const {
+    GatedMLPNames n;
+    n.cls = cls("MLP");
+    n.act = act_name;
+    return n;
+  }
 };
 
 /// The DecoderArch of a Llama-family model_type; nullptr for other types.
@@ -103,19 +127,25 @@ class DecoderAttention : public Module {
 
 class DecoderMLP : public Module {
  public:
-  /// `intermediate` overrides the config's (a tensor-parallel rank's share).
-  DecoderMLP(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t intermediate = 0);
+  /// `intermediate` >= 0 overrides the config's (experts, a tensor-parallel
+  /// rank's share; 0: an expert another rank owns, whose output is zeros);
+  /// `names` the architecture's dense MLP names.
+  DecoderMLP(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts, int64_t intermediate = -1,
+             const GatedMLPNames* names = nullptr);
   Value forward(Inputs inputs) override;
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;  // gate/up or gate_up
   std::shared_ptr<Activation> act_fn;
 };
+
+class SparseMoeBlock;
 
 class DecoderLayer : public Module {
  public:
   DecoderLayer(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
   std::shared_ptr<DecoderAttention> self_attn;
-  std::shared_ptr<DecoderMLP> mlp;
+  std::shared_ptr<DecoderMLP> mlp;     // null in a sparse layer
+  std::shared_ptr<SparseMoeBlock> moe;  // a sparse layer's block (arch.moe_block), else null
   /// Null where the architecture has no such norm.
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
       post_feedforward_layernorm;

@@ -6,8 +6,10 @@
 // is loaded straight to where the map puts it; the result carries its
 // hf_device_map (flex::hf_device_map(model)).
 #include <flex/dispatch/device_map.h>
+#include <flex/dispatch/load_checkpoint.h>
 #include <flex/dispatch/memory.h>
 #include <flex/models/causal_lm.h>
+#include <flex/quant/bnb_config.h>
 
 #include <iosfwd>
 #include <memory>
@@ -33,11 +35,26 @@ struct PretrainedOptions {
   /// Default: the architecture's block class (model->no_split_modules()).
   std::optional<std::vector<std::string>> no_split_module_classes;
   bool offload_buffers = false;
+  /// Quantize the dense layers while loading (8-bit or 4-bit, bitsandbytes'
+  /// formats; the output head stays unless skip_modules says otherwise).
+  /// Checkpoints saved quantized (config.json quantization_config) load
+  /// quantized without it.
+  std::optional<BnbQuantizationConfig> quantization;
   /// Missing checkpoint keys are errors (true) or warnings.
   bool strict = true;
   std::ostream* log = nullptr;
 };
 
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& options = {});
+
+/// The names of the layers `model` (built from `dir`'s config, on meta)
+/// would hold quantized, after planning them: the checkpoint's own when it
+/// was saved quantized, else those `quantization` selects; empty when neither.
+/// Returns the loader transform to pass on (null when nothing is quantized).
+decltype(LoadCheckpointOptions::transform) plan_quantized_layers(CausalLM& model, const std::string& dir,
+                                                                 const std::optional<BnbQuantizationConfig>& quantization,
+                                                                 at::ScalarType dtype);
+/// The output head's module name (what quantization skips by default).
+std::string output_head_name(CausalLM& model);
 
 }  // namespace flex

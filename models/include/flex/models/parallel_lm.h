@@ -47,6 +47,7 @@
 // Limits: no KV cache, no hidden_states output, no autograd across pipeline
 // stages or data-parallel gathers.
 #include <flex/models/causal_lm.h>
+#include <flex/quant/bnb_config.h>
 #include <flex/parallel/activation_layout.h>
 #include <flex/parallel/device_mesh.h>
 
@@ -60,17 +61,29 @@ namespace flex {
 
 class Checkpoint;
 class RMSNorm;
+class DecoderMLP;
+class DecoderLayer;
 struct DecoderArch;
 
 struct ParallelLMOptions {
   /// Parameter dtype; unset: float32.
   std::optional<at::ScalarType> dtype;
+  /// Mixture-of-experts models: whole experts per tensor-parallel rank
+  /// (numpy.array_split of the expert indices; the shared expert on rank 0)
+  /// instead of a slice of every expert. The router stays replicated; each
+  /// rank runs its experts only, and the block's output is all-reduced once
+  /// (instead of once per expert). Attention is split over tp as usual.
+  bool expert_parallel = false;
+  /// Quantize each rank's slices of the dense layers after loading them
+  /// (the output head stays): every rank holds quantized shards.
+  std::optional<BnbQuantizationConfig> quantization;
 };
 
 class ParallelCausalLM : public Module {
  public:
   /// Use build_parallel_causal_lm / load_parallel_pretrained.
-  ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMesh mesh, at::ScalarType dtype);
+  ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMesh mesh, at::ScalarType dtype,
+                   bool expert_parallel = false);
 
   /// kwargs (or args[0]) input_ids [B, T] (the whole batch, the same on every
   /// rank), optional attention_mask [B, T]. Returns (logits, None, None):
@@ -102,6 +115,10 @@ class ParallelCausalLM : public Module {
  private:
   void shard_block(int64_t index);
   void shard_decoder_block(const DecoderArch& arch, int64_t index);
+  void shard_gated_mlp(DecoderMLP& mlp, int64_t whole_intermediate);
+  void shard_moe_block(const DecoderArch& arch, DecoderLayer& block);
+  void place_moe_experts(const DecoderArch& arch, DecoderLayer& block);  // expert parallelism
+  void shard_whole_mlp(DecoderMLP& mlp, int owner);
   /// How key/value heads (or rows of their projections) spread over tp along
   /// `dim`, in units of `unit` (a head: head_dim).
   ShardSpec kv_heads_spec(const ModelConfig& cfg, int64_t dim, int64_t unit) const;
@@ -115,6 +132,7 @@ class ParallelCausalLM : public Module {
   std::shared_ptr<CausalLM> skeleton_;
   DeviceMesh mesh_;
   at::ScalarType dtype_;
+  bool expert_parallel_ = false;
   std::shared_ptr<ActivationLayout> layout_;
   std::string base_, head_name_;
   std::vector<std::string> embed_names_;  // children of the base run by stage 0

@@ -53,4 +53,22 @@ class RotaryEmbedding : public Module, public ComputedBuffers {
   int64_t max_seq_len_cached_;  // dynamic NTK: the length inv_freq was made for
 };
 
+/// Mixtral's rotary module in Transformers 4.47: cos/sin tables for every
+/// position up to max_position_embeddings precomputed as the non-persistent
+/// buffers cos_cached / sin_cached ([max_pos, dim], counted in module sizes).
+/// Call with (x, seq_len): returns (cos, sin) = the first seq_len rows, in x's
+/// dtype ([seq_len, dim], no batch dim); the attention picks rows by position.
+/// Longer sequences extend the tables, as Transformers does.
+class CachedRotaryEmbedding : public RotaryEmbedding {
+ public:
+  CachedRotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t dim);
+  Value forward(Inputs inputs) override;
+  void reset_buffers(const at::Device& device) override;
+
+  at::Tensor cos_cached, sin_cached;
+
+ private:
+  void build_tables(int64_t rows, const at::Device& device);
+};
+
 }  // namespace flex

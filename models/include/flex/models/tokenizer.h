@@ -66,8 +66,9 @@ class Tokenizer {
 };
 
 /// Loads the tokenizer of a Hugging Face model folder, choosing by the files present:
-/// `tokenizer.json` (byte-level BPE as in GPT-2 / GPT-NeoX, or Llama's BPE with byte
-/// fallback), otherwise `vocab.json` + `merges.txt` (GPT-2 byte-level BPE).
+/// `tokenizer.json` (byte-level BPE as in GPT-2, GPT-NeoX, Llama 3 and Qwen2, with any
+/// Split regex; or SentencePiece-style BPE with byte fallback as in Llama 2, Mistral
+/// and Gemma), otherwise `vocab.json` + `merges.txt` (GPT-2 byte-level BPE).
 /// bos/eos/pad/unk come from tokenizer_config.json or special_tokens_map.json when
 /// present. Missing files throw flex::IOError, malformed ones flex::FileFormatError,
 /// components this library does not implement flex::UnsupportedError; each names the

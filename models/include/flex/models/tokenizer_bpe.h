@@ -1,9 +1,10 @@
 #pragma once
 // BPE tokenizers as Hugging Face `tokenizers` runs them: added tokens are cut out
 // first, then normalizer -> pre-tokenizer -> BPE model -> post-processor; decode
-// runs the decoder steps. Only the components GPT-2, GPT-NeoX and Llama use are
-// implemented; BpeSpec lists them. Most users call load_tokenizer() instead.
+// runs the decoder steps. The components GPT-2, GPT-NeoX, Llama, Mistral, Qwen2 and
+// Gemma use are implemented; BpeSpec lists them. Most users call load_tokenizer() instead.
 #include <flex/models/tokenizer.h>
+#include <flex/models/tokenizer_split.h>
 
 #include <cstdint>
 #include <mutex>
@@ -39,18 +40,31 @@ struct BpeSpec {
   };
   std::vector<NormalizeStep> normalizer;
 
-  // --- pre-tokenizer: how a normalized piece splits into words.
-  enum class PreTokenizer { None, ByteLevel, Metaspace };
-  PreTokenizer pre_tokenizer = PreTokenizer::None;
-  bool add_prefix_space = false;  // ByteLevel: a leading space if the piece has none
-  /// ByteLevel: the split pattern (use_regex gives GPT-2's; a Split pre-tokenizer
-  /// with Llama 3's pattern in front of ByteLevel gives Llama3).
-  enum class SplitPattern { None, Gpt2, Llama3 };
-  SplitPattern split = SplitPattern::Gpt2;
+  // --- pre-tokenizer: steps applied in order, each cutting every piece of the
+  // normalized text further (Hugging Face's Sequence of pre-tokenizers). With no
+  // steps the whole piece is one word.
   enum class PrependScheme { Always, First, Never };
-  std::string metaspace_replacement = "\xE2\x96\x81";  // U+2581 "▁"
-  PrependScheme prepend_scheme = PrependScheme::Always;
-  bool metaspace_split = true;
+  struct PreTokenizeStep {
+    enum class Kind { Split, ByteLevel, Metaspace } kind = Kind::Split;
+    // Split: cut at the pattern's matches.
+    SplitPattern pattern;
+    SplitBehavior behavior = SplitBehavior::Isolated;
+    bool invert = false;
+    // ByteLevel: a leading space when the piece has none, GPT-2's split when
+    // use_regex, then bytes -> GPT-2's byte characters.
+    bool add_prefix_space = false;
+    bool use_regex = true;
+    // Metaspace: spaces -> replacement, prepended per the scheme ("first": only to
+    // the piece at the start of the input), and a new word at each replacement.
+    std::string replacement = "\xE2\x96\x81";  // U+2581 "▁"
+    PrependScheme prepend_scheme = PrependScheme::Always;
+    bool split = true;
+
+    static PreTokenizeStep split_on(SplitPattern pattern, SplitBehavior behavior, bool invert = false);
+    static PreTokenizeStep byte_level(bool add_prefix_space, bool use_regex);
+    static PreTokenizeStep metaspace(std::string replacement, PrependScheme scheme, bool split);
+  };
+  std::vector<PreTokenizeStep> pre_tokenizer;
 
   // --- model.
   std::vector<std::pair<std::string, int64_t>> vocab;
@@ -137,7 +151,14 @@ class BpeTokenizer : public Tokenizer {
 
   BpeSpec spec_;
   BpeModel model_;
-  std::vector<AddedToken> raw_added_, norm_added_;  // matched before / after normalizing
+  // Added tokens matched before / after normalizing, longest first, and the bytes
+  // they start with (so most positions of a text need no comparison at all).
+  struct AddedList {
+    std::vector<AddedToken> tokens;
+    bool starts[256] = {};
+    bool starts_mid_char = false;  // a token begins with a UTF-8 continuation byte
+  };
+  AddedList raw_added_, norm_added_;
   std::unordered_map<std::string, int64_t> added_by_content_;
   std::unordered_map<int64_t, const AddedToken*> added_by_id_;
 };

@@ -1,12 +1,11 @@
 #pragma once
-// The Unicode pieces the tokenizers need, without a regex or ICU dependency:
-// UTF-8 decoding that tolerates invalid bytes, the letter / number / whitespace
-// classes of the GPT-2 pre-tokenisation pattern, and NFC normalisation.
+// The Unicode pieces the tokenizers need besides the split regexes (PCRE2, see
+// tokenizer_split.h): UTF-8 decoding that tolerates invalid bytes, the letter /
+// number / whitespace classes that added tokens' single_word / lstrip / rstrip
+// test, and NFC normalisation.
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace flex::unicode {
 
@@ -33,17 +32,6 @@ bool is_number(uint32_t cp);
 /// tokenizers use). It differs from JavaScript's \s only at U+0085 (space here)
 /// and U+FEFF (not space here).
 bool is_whitespace(uint32_t cp);
-
-/// Splits `text` as the GPT-2 pattern
-///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-/// does, returning (byte offset, byte length) pieces that cover the text. Invalid
-/// UTF-8 bytes count as neither letter, number nor space.
-std::vector<std::pair<size_t, size_t>> split_gpt2(const std::string& text);
-
-/// Splits `text` as Llama 3's pattern (tiktoken's cl100k pattern) does:
-///   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
-///   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-std::vector<std::pair<size_t, size_t>> split_llama3(const std::string& text);
 
 /// Unicode Normalization Form C of `text` (Unicode 14 data). Invalid UTF-8 bytes
 /// pass through unchanged and block composition across them.

@@ -20,6 +20,8 @@
 //    share of the query heads uses, so a head is replicated on the ranks
 //    whose shares cut its group (3 KV heads over tp=2, 2 KV heads over tp=4).
 //    Gathering places each rank's heads at their position; replicas agree.
+//    On one rank (`owner` >= 0, expert parallelism): rank `owner` holds
+//    the whole dim, the others none of it (a zero-length piece).
 //  - PartialSum: the whole tensor is the sum of the ranks' tensors (a
 //    row-parallel projection before its all-reduce); gathering reduces.
 #include <flex/parallel/communicator.h>
@@ -39,6 +41,7 @@ struct ShardSpec {
   std::vector<int64_t> blocks;  // Split: whole sizes of fused sub-blocks along dim
   int64_t unit = 1;             // Split: pieces are multiples of this
   std::vector<int64_t> groups;  // Split: per block, query heads per key/value head (0 or empty: plain)
+  int owner = -1;               // Split: >= 0: that rank holds all of dim, the others nothing
 
   static ShardSpec replicated() { return {}; }
   static ShardSpec split(int64_t dim, int64_t unit = 1) { return {Kind::Split, dim, {}, unit, {}}; }
@@ -50,6 +53,8 @@ struct ShardSpec {
   static ShardSpec kv_heads(int64_t dim, int64_t width, int64_t unit, int64_t group) {
     return {Kind::Split, dim, {width}, unit, {group}};
   }
+  /// All of `dim` on rank `owner`, none of it elsewhere (a whole expert per rank).
+  static ShardSpec on_rank(int64_t dim, int owner) { return {Kind::Split, dim, {}, 1, {}, owner}; }
   static ShardSpec partial_sum() { return {Kind::PartialSum, 0, {}, 1, {}}; }
   /// GPT-NeoX's query_key_value: the dim is num_heads consecutive [q k v]
   /// triples of `per_head` (= 3*head_dim) features; ranks hold whole heads,
@@ -62,7 +67,8 @@ struct ShardSpec {
   /// "split(dim=-1, blocks=[64,64,64], unit=16)", "partial_sum", "replicated".
   std::string describe() const;
   bool operator==(const ShardSpec& o) const {
-    return kind == o.kind && dim == o.dim && blocks == o.blocks && unit == o.unit && groups == o.groups;
+    return kind == o.kind && dim == o.dim && blocks == o.blocks && unit == o.unit && groups == o.groups &&
+           owner == o.owner;
   }
 };
 
