@@ -66,6 +66,12 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
       dev = opt.device_map->device_of(key);
       if (!dev) throw DeviceMapError(key + " doesn't have any device set in the device map");
     }
+    if (dev->is_disk() && !opt.offload_buffers) {
+      // Buffers of disk-mapped modules stay in memory, as below.
+      const size_t dot = key.rfind('.');
+      auto owner = model.get_submodule(dot == std::string::npos ? "" : key.substr(0, dot));
+      if (owner->has_own_buffer(key.substr(dot == std::string::npos ? 0 : dot + 1))) dev = MapDevice::cpu();
+    }
     if (dev->is_disk()) {
       if (!opt.offload_folder)
         throw ConfigError("'" + key + "' is mapped to disk and is computed at load time (quantized): pass an offload_folder");
