@@ -76,17 +76,9 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 10, threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--threads") threads = std::max(1, std::atoi(argv[i + 1]));
-    else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--threads T]\n", argv[0]);
-      return 2;
-    }
-  }
-  at::set_num_threads(threads);
+  bench::ForwardArgs args;
+  if (!bench::parse_forward_args(argc, argv, args)) return 2;
+  const int iters = args.iters;
   namespace fs = std::filesystem;
   std::random_device rd;
   const fs::path dir = fs::temp_directory_path() / ("flex_bench_forward_" + std::to_string(rd()));

@@ -69,31 +69,17 @@ struct RawGemma2 {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 10, threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--threads") threads = std::max(1, std::atoi(argv[i + 1]));
-    else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--threads T]\n", argv[0]);
-      return 2;
-    }
-  }
-  at::set_num_threads(threads);
+  bench::ForwardArgs args;
+  if (!bench::parse_forward_args(argc, argv, args)) return 2;
+  const int iters = args.iters;
   const auto dir = bench::temp_dir("forward_gemma2");
   int rc = 0;
   try {
     // Random weights (norm scales around 0: Gemma uses 1 + w), saved without the tied head.
-    const flex::ModelConfig cfg = flex::parse_config(nlohmann::json::parse(kConfig), "bench config");
-    at::manual_seed(0);
-    auto built = flex::build_causal_lm(cfg);
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (auto& [name, t] : flex::state_dict(*built))
-      if (name != "lm_head.weight")
-        tensors.emplace_back(name, name.find("norm") != std::string::npos ? at::randn_like(t) * 0.1 : t.detach());
-    flex::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    std::ofstream(dir / "config.json") << kConfig;
-    built.reset();
+    bench::write_random_model(dir, kConfig, [](const std::string& name, const at::Tensor& t) {
+      if (name == "lm_head.weight") return at::Tensor();
+      return name.find("norm") != std::string::npos ? at::randn_like(t) * 0.1 : t;
+    });
     auto model = flex::load_pretrained(dir.string(), at::kFloat);
     RawGemma2 raw{*model};
     std::printf("Gemma 2 at GPT-2-small size (%lld layers, %lld wide, %lld/%lld heads, vocab %lld), %d threads, %d rounds\n",

@@ -92,16 +92,7 @@ struct RawMixtral {
 };
 
 std::shared_ptr<flex::CausalLM> write_and_load(const std::filesystem::path& dir, const Shape& s) {
-  const std::string config = config_json(s);
-  const flex::ModelConfig cfg = flex::parse_config(nlohmann::json::parse(config), "bench config");
-  at::manual_seed(0);
-  {
-    auto built = flex::build_causal_lm(cfg);
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (auto& [name, t] : flex::state_dict(*built)) tensors.emplace_back(name, t.detach());
-    flex::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  }
-  std::ofstream(dir / "config.json") << config;
+  bench::write_random_model(dir, config_json(s));
   return flex::load_pretrained(dir.string(), at::kFloat);
 }
 
@@ -113,17 +104,9 @@ void check(flex::CausalLM& model, const RawMixtral& raw, const at::Tensor& ids) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 10, threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--threads") threads = std::max(1, std::atoi(argv[i + 1]));
-    else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--threads T]\n", argv[0]);
-      return 2;
-    }
-  }
-  at::set_num_threads(threads);
+  bench::ForwardArgs args;
+  if (!bench::parse_forward_args(argc, argv, args)) return 2;
+  const int iters = args.iters;
   const auto dir = bench::temp_dir("forward_moe");
   int rc = 0;
   try {

@@ -5,10 +5,12 @@
 #include <flex/models/auto_model.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,23 +20,55 @@
 
 namespace bench {
 
-/// Writes config.json + model.safetensors (tied lm_head left out, as
-/// save_pretrained does) for a GPT-2 of the given shape into `dir`.
-inline void write_gpt2(const std::filesystem::path& dir, int layers, int width, int heads, int vocab) {
+/// Writes config.json (`config`) + model.safetensors with the random
+/// weights flex::build_causal_lm gives (seed 0) into `dir`. `edit` may change
+/// a tensor or drop it (return an undefined tensor), e.g. a tied lm_head that
+/// save_pretrained leaves out.
+inline void write_random_model(
+    const std::filesystem::path& dir, const std::string& config,
+    const std::function<at::Tensor(const std::string&, const at::Tensor&)>& edit = nullptr) {
   std::filesystem::create_directories(dir);
+  flex::ModelConfig cfg = flex::parse_config(nlohmann::json::parse(config), "bench config");
+  at::manual_seed(0);
+  auto model = flex::build_causal_lm(cfg);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto& [name, t] : flex::state_dict(*model)) {
+    at::Tensor v = edit ? edit(name, t.detach()) : t.detach();
+    if (v.defined()) tensors.emplace_back(name, v);
+  }
+  flex::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  std::ofstream(dir / "config.json") << config;
+}
+
+/// A GPT-2 of the given shape (tied lm_head left out, as save_pretrained does).
+inline void write_gpt2(const std::filesystem::path& dir, int layers, int width, int heads, int vocab) {
   const std::string config = "{\"model_type\": \"gpt2\", \"vocab_size\": " + std::to_string(vocab) +
                              ", \"n_embd\": " + std::to_string(width) + ", \"n_layer\": " + std::to_string(layers) +
                              ", \"n_head\": " + std::to_string(heads) +
                              ", \"n_positions\": 1024, \"activation_function\": \"gelu_new\", "
                              "\"layer_norm_epsilon\": 1e-05, \"torch_dtype\": \"float32\"}";
-  flex::ModelConfig cfg = flex::parse_config(nlohmann::json::parse(config), "bench config");
-  at::manual_seed(0);
-  auto model = flex::build_causal_lm(cfg);
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (auto& [name, t] : flex::state_dict(*model))
-    if (name != "lm_head.weight") tensors.emplace_back(name, t.detach());
-  flex::save_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  std::ofstream(dir / "config.json") << config;
+  write_random_model(dir, config, [](const std::string& name, const at::Tensor& t) {
+    return name == "lm_head.weight" ? at::Tensor() : t;
+  });
+}
+
+/// The forward benches' `--iters N --threads T` (defaults 10 and 2); prints
+/// the usage and returns false on anything else. Sets libtorch's threads.
+struct ForwardArgs {
+  int iters = 10, threads = 2;
+};
+inline bool parse_forward_args(int argc, char** argv, ForwardArgs& a) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 < argc && k == "--iters") a.iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (i + 1 < argc && k == "--threads") a.threads = std::max(1, std::atoi(argv[i + 1]));
+    else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--threads T]\n", argv[0]);
+      return false;
+    }
+  }
+  at::set_num_threads(a.threads);
+  return true;
 }
 
 inline std::filesystem::path temp_dir(const std::string& tag) {

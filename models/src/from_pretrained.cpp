@@ -18,8 +18,9 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
     lo.dtype = parse_torch_dtype(o.torch_dtype);
   }
   const at::ScalarType dtype = resolve_dtype(cfg, ckpt, lo);
-  const auto bnb = read_bnb_checkpoint(dir);
-  const bool quantized = bnb || (o.quantization && o.quantization->enabled());
+  // A checkpoint saved quantized, or quantizing while loading: the quantized
+  // layers are planned on meta (plan_quantized_layers reads which).
+  const bool quantized = cfg.raw.contains("quantization_config") || (o.quantization && o.quantization->enabled());
   const bool dispatched = o.device_map || !o.device_map_strategy.empty() || quantized;
   if (!dispatched) {
     lo.dtype = dtype;

@@ -7,10 +7,10 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 namespace flex {
 
@@ -353,6 +353,21 @@ void read_quant_state_json(const std::string& text, FourBitWeight& w, const std:
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(where + ": malformed quant state (" + e.what() + ")");
   }
+}
+
+at::Tensor quant_state_tensor(const FourBitWeight& w) {
+  const std::string s = quant_state_json(w);
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
+  return t;
+}
+
+void read_quant_state_tensor(const at::Tensor& bytes, FourBitWeight& w, const std::string& where) {
+  if (bytes.scalar_type() != at::kByte || bytes.dim() != 1)
+    throw ShapeError(where + ": a packed quant state is a 1-D uint8 tensor");
+  const at::Tensor c = bytes.to(at::kCPU).contiguous();
+  read_quant_state_json(std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), static_cast<size_t>(c.numel())),
+                        w, where);
 }
 
 }  // namespace flex

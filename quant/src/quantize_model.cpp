@@ -1,4 +1,5 @@
 // Planning, quantizing and loading quantized layers (quantize_model.h).
+#include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/big_modeling.h>
 #include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/safetensors.h>
@@ -8,9 +9,8 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <regex>
+#include <set>
 #include <sstream>
 
 namespace flex {
@@ -76,19 +76,6 @@ std::vector<std::pair<std::string, at::Tensor>> quantize_into(DenseLayer& layer,
   FourBitWeight q = quantize_4bit(w, four_bit_type(cfg.bnb_4bit_quant_type), cfg.bnb_4bit_use_double_quant);
   layer.reset_weight_format(std::make_shared<FourBitFormat>(q, cfg.bnb_4bit_compute_dtype));
   return four_bit_tensors(q);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string string_of(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU).contiguous();
-  return std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), static_cast<size_t>(c.numel()));
 }
 
 at::ScalarType dtype_name_to_type(const nlohmann::json& v, const std::string& where) {
@@ -175,7 +162,7 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(path));
+    j = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(path + ": " + e.what());
   }
@@ -235,7 +222,7 @@ decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model,
     const int64_t bytes = ck.shape(key).empty() ? 0 : ck.shape(key)[0];
     if (bytes <= 0 || bytes > (1 << 16)) throw ShapeError(dir + ": '" + key + "' is not a packed quant state");
     FourBitWeight w;
-    read_quant_state_json(string_of(ck.get(key)), w, dir + ": " + key);
+    read_quant_state_tensor(ck.get(key), w, dir + ": " + key);
     const bool nested = ck.contains(name + ".weight.nested_absmax");
     if (w.shape != std::vector<int64_t>{layer.out_features, layer.in_features})
       throw ShapeError(dir + ": '" + key + "' is for a weight of another shape than " + name + "'s");
@@ -313,8 +300,8 @@ Module& load_and_quantize_model(Module& model, const BnbQuantizationConfig& cfg,
     return model;
   }
   if (!weights_location) throw ConfigError("load_and_quantize_model: the model is on meta; pass weights_location");
-  at::ScalarType dtype = cfg.torch_dtype.value_or(at::kFloat);
-  for (const auto& name : layers) dtype = cfg.torch_dtype.value_or(dense_at(model, name).weight.scalar_type());
+  // Weights are cast to torch_dtype (else the model's) before quantizing, as Transformers does.
+  const at::ScalarType dtype = cfg.torch_dtype.value_or(dense_at(model, layers.front()).weight.scalar_type());
   replace_with_bnb_layers(model, cfg, layers);
   LoadAndDispatchOptions d;
   d.device_map = o.device_map;

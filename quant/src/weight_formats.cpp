@@ -3,20 +3,9 @@
 
 #include <ATen/ATen.h>
 
-#include <cstring>
-
 namespace flex {
 
 namespace {
-at::Tensor json_bytes(const std::string& s) {
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-  std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
-  return t;
-}
-std::string string_of(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU).contiguous();
-  return std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), static_cast<size_t>(c.numel()));
-}
 bool is_conv1d(const DenseLayer& layer) { return dynamic_cast<const Conv1D*>(&layer) != nullptr; }
 }  // namespace
 
@@ -84,7 +73,7 @@ std::vector<std::pair<std::string, at::Tensor>> four_bit_tensors(const FourBitWe
     t.emplace_back("weight_nested_absmax", w.nested_absmax);
     t.emplace_back("weight_nested_quant_map", w.nested_code);
   }
-  t.emplace_back("weight_quant_state", json_bytes(quant_state_json(w)));
+  t.emplace_back("weight_quant_state", quant_state_tensor(w));
   return t;
 }
 
@@ -102,9 +91,8 @@ void store_4bit(DenseLayer& layer, const at::Tensor& w, FourBitType type, bool d
 std::string bnb_tensor_name(const std::string& local, const DenseLayer& layer) {
   if (local == "weight_quant_state") {
     auto f = std::dynamic_pointer_cast<const FourBitFormat>(layer.weight_format());
-    FourBitWeight w;
-    read_quant_state_json(string_of(layer.format_tensor("weight_quant_state")), w, layer.class_name());
-    return "weight.quant_state.bitsandbytes__" + to_string(w.type);
+    if (!f) throw ConfigError(layer.class_name() + " holds a 4-bit quant state but is not in the 4-bit format");
+    return "weight.quant_state.bitsandbytes__" + to_string(f->type());
   }
   for (const char* k : {"absmax", "quant_map", "nested_absmax", "nested_quant_map"})
     if (local == std::string("weight_") + k) return std::string("weight.") + k;

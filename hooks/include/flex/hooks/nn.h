@@ -40,7 +40,8 @@ class DenseLayer : public Module {
   /// Stores the weight in `format`: `stored_weight` replaces the weight
   /// (no gradient), `extra` are the format's tensors (persistent buffers,
   /// names without dots, e.g. "weight_absmax"); the class name becomes the
-  /// format's. Under EmptyInit the tensors go to meta.
+  /// format's. Under EmptyInit the stored weight goes to meta (the extra
+  /// tensors too with EmptyInit(include_buffers)).
   void set_weight_format(std::shared_ptr<const WeightFormat> format, at::Tensor stored_weight,
                          std::vector<std::pair<std::string, at::Tensor>> extra);
   /// Swaps the format, keeping the stored tensors (its scalars changed).

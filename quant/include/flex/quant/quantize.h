@@ -80,5 +80,8 @@ std::string quant_state_json(const FourBitWeight& w);
 /// Reads the JSON back into `w` (type, blocksize, dtype, shape, offset);
 /// ConfigError naming `where` for missing or malformed fields.
 void read_quant_state_json(const std::string& json, FourBitWeight& w, const std::string& where);
+/// The JSON as bitsandbytes stores it: a uint8 tensor of its bytes, and back.
+at::Tensor quant_state_tensor(const FourBitWeight& w);
+void read_quant_state_tensor(const at::Tensor& bytes, FourBitWeight& w, const std::string& where);
 
 }  // namespace flex

@@ -42,6 +42,7 @@ class FourBitFormat : public WeightFormat {
   /// The layer's tensors with this format's scalars.
   FourBitWeight weight_of(const DenseLayer& layer) const;
   at::ScalarType compute_dtype() const { return compute_; }
+  FourBitType type() const { return state_.type; }
 
  private:
   FourBitWeight state_;  // scalars only
