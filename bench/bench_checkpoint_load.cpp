@@ -3,19 +3,20 @@
 //
 // A 24-layer, Llama-shaped f32 checkpoint (hidden 1024, MLP 4096, vocab 32000,
 // ~1.66 GB) is streamed to a temp dir (FLEX_BENCH_DIR or /tmp). Each mode runs
-// in a forked child so its VmHWM (peak RSS) is its own; each runs with the
+// in a spawned child process so its VmHWM (peak RSS) is its own; each runs with the
 // file evicted from the page cache (posix_fadvise DONTNEED: "cold") and again
 // right after ("warm"). Modes:
 //   mmap        SafetensorsFile::open + get() of every tensor (views; nothing read yet)
 //   mmap+touch  the same, then one pass summing every tensor (pages faulted in)
 //   read        every tensor read with pread() into its own allocated tensor
+#include "bench_util.h"
+
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/safetensors.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -66,14 +67,6 @@ uint64_t generate(const std::string& path) {
   return total;
 }
 
-long status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) return std::atol(line.c_str() + std::strlen(key));
-  return -1;
-}
-
 void evict(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd >= 0) {
@@ -115,33 +108,31 @@ Result run_mode(const std::string& mode, const std::string& path) {
       for (const auto& t : ready) checksum += t.sum().item<double>();
   }
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return {s, status_kb("VmHWM:"), status_kb("VmRSS:"), checksum};
+  return {s, bench::status_kb("VmHWM"), bench::status_kb("VmRSS"), checksum};
 }
 
-// Runs `mode` in a child and returns its result through a pipe.
+// Runs `mode` in a spawned child and reads its result from its output.
 Result in_child(const std::string& mode, const std::string& path) {
-  int fds[2];
-  if (::pipe(fds) != 0) std::abort();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    at::set_num_threads(1);
-    Result r = run_mode(mode, path);
-    if (::write(fds[1], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) ::_exit(1);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
   Result r{};
-  if (::read(fds[0], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) r.seconds = -1;
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  r.seconds = -1;
+  try {
+    const std::string out = bench::run_child({"--child", mode, path});
+    if (std::sscanf(out.c_str(), "%lf %ld %ld %lf", &r.seconds, &r.hwm_kb, &r.rss_kb, &r.checksum) != 4) r.seconds = -1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_checkpoint_load: %s\n", e.what());
+  }
   return r;
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--child") {
+    at::set_num_threads(1);
+    const Result r = run_mode(argv[2], argv[3]);
+    std::printf("%.6f %ld %ld %.6f\n", r.seconds, r.hwm_kb, r.rss_kb, r.checksum);
+    return 0;
+  }
   const char* env = std::getenv("FLEX_BENCH_DIR");
   std::string dir = (env && *env) ? env : std::filesystem::temp_directory_path().string();
   std::string path = dir + "/flex_bench_ckpt_" + std::to_string(::getpid()) + ".safetensors";

@@ -13,8 +13,6 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -49,46 +47,35 @@ void latency(int rounds) {
   fs::remove_all(dir);
 }
 
-// In a child process, so the parent's memory does not count.
+// Child: loads `dir` with every block on disk, runs one forward and prints
+// RssAnon at the start and at its peak (kB).
+int memory_child(const std::string& dir) {
+  const long base = bench::status_kb("RssAnon");
+  flex::PretrainedOptions o;
+  o.device_map = blocks_on_disk(24);
+  auto model = flex::from_pretrained(dir, o);
+  long peak = bench::status_kb("RssAnon");
+  for (auto& nm : model->named_flex_modules())
+    if (nm.second->class_name() == "GPT2Block")
+      nm.second->register_forward_hook([&peak](flex::Module&, const flex::Inputs&, flex::Value&) {
+        peak = std::max(peak, bench::status_kb("RssAnon"));
+      });
+  at::NoGradGuard ng;
+  model->logits(at::randint(0, 32000, {1, 128}, at::kLong));
+  peak = std::max(peak, bench::status_kb("RssAnon"));
+  std::printf("%ld %ld\n", base, peak);
+  return 0;
+}
+
+// In spawned processes, so the parent's memory does not count.
 void anon_memory() {
   const fs::path dir = bench::temp_dir("offload_mem");
   // 24 layers x 1024 wide: 302M parameters + embeddings, about 1.4 GB in f32.
-  pid_t writer = fork();
-  if (writer == 0) {
-    bench::write_gpt2(dir, 24, 1024, 16, 32000);
-    _exit(0);
-  }
-  int st = 0;
-  waitpid(writer, &st, 0);
+  bench::run_child({"--write-child", dir.string()});
   const double gb = fs::file_size(dir / "model.safetensors") / 1e9;
-  int fds[2];
-  if (pipe(fds) != 0) return;
-  pid_t child = fork();
-  if (child == 0) {
-    close(fds[0]);
-    const long base = bench::status_kb("RssAnon");
-    flex::PretrainedOptions o;
-    o.device_map = blocks_on_disk(24);
-    auto model = flex::from_pretrained(dir.string(), o);
-    long peak = bench::status_kb("RssAnon");
-    for (auto& nm : model->named_flex_modules())
-      if (nm.second->class_name() == "GPT2Block")
-        nm.second->register_forward_hook([&peak](flex::Module&, const flex::Inputs&, flex::Value&) {
-          peak = std::max(peak, bench::status_kb("RssAnon"));
-        });
-    at::NoGradGuard ng;
-    model->logits(at::randint(0, 32000, {1, 128}, at::kLong));
-    peak = std::max(peak, bench::status_kb("RssAnon"));
-    long out[2] = {base, peak};
-    if (write(fds[1], out, sizeof(out)) != sizeof(out)) _exit(1);
-    _exit(0);
-  }
-  close(fds[1]);
-  long res[2] = {0, 0};
-  const bool ok = read(fds[0], res, sizeof(res)) == sizeof(res);
-  waitpid(child, &st, 0);
-  if (ok) {
-    const double peak_mb = (res[1] - res[0]) / 1024.0;
+  long base = 0, peak = 0;
+  if (std::sscanf(bench::run_child({"--memory-child", dir.string()}).c_str(), "%ld %ld", &base, &peak) == 2) {
+    const double peak_mb = (peak - base) / 1024.0;
     std::printf("disk-offloaded inference of a %.2f GB checkpoint (24 x 1024, all blocks on disk):\n", gb);
     std::printf("  peak anonymous memory above start %.0f MB = %.1f%% of the checkpoint (target < 25%%)\n",
                 peak_mb, 100.0 * peak_mb / (gb * 1000.0));
@@ -99,6 +86,11 @@ void anon_memory() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && !std::strcmp(argv[1], "--write-child")) {
+    bench::write_gpt2(argv[2], 24, 1024, 16, 32000);
+    return 0;
+  }
+  if (argc == 3 && !std::strcmp(argv[1], "--memory-child")) return memory_child(argv[2]);
   int rounds = 7;
   bool memory = true;
   for (int i = 1; i < argc; ++i) {

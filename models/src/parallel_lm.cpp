@@ -272,8 +272,13 @@ std::shared_ptr<ParallelCausalLM> load_parallel_pretrained(const std::string& di
   const std::string base = model->base_model_prefix();
   const auto tied = model->tied_parameters();
   model->load_slices([&](const std::string& name) { return ckpt.get(checkpoint_key(ckpt, name, base, tied)); });
-  if (opts.quantization && opts.quantization->enabled())
-    quantize_model(*model, *opts.quantization, layers_to_quantize(*model, *opts.quantization, {"lm_head", "embed_out"}));
+  if (opts.quantization && opts.quantization->enabled()) {
+    // This rank's layers only (other pipeline stages' stay on meta, unloaded).
+    std::vector<std::string> layers;
+    for (auto& name : layers_to_quantize(*model, *opts.quantization, {"lm_head", "embed_out"}))
+      if (model->owns_parameter(name + ".weight")) layers.push_back(name);
+    quantize_model(*model, *opts.quantization, layers);
+  }
   return model;
 }
 

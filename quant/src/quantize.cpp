@@ -301,16 +301,22 @@ at::Tensor dequantize_4bit(const FourBitWeight& w) {
   } else {
     absmax = w.absmax.to(at::kFloat);
   }
-  const at::Tensor code = table(four_bit_code(w.type).data(), 16).to(w.packed.device());
-  const at::Tensor q = unpack_4bit(w.packed, n).to(at::kLong);
-  const at::Tensor per_block = code.index({q}).view({-1});
-  at::Tensor out;
-  if (n % w.blocksize == 0) {
-    out = (per_block.view({blocks, w.blocksize}) * absmax.unsqueeze(1)).view({-1});
-  } else {
-    const at::Tensor block = at::arange(n, at::TensorOptions().dtype(at::kLong).device(q.device())).div(w.blocksize, "floor");
-    out = per_block * absmax.index({block});
+  if (w.packed.scalar_type() != at::kByte || w.packed.numel() != (n + 1) / 2)
+    throw ShapeError("packed 4-bit weight: expected " + std::to_string((n + 1) / 2) + " uint8 bytes for " +
+                     std::to_string(n) + " values, got " + std::to_string(w.packed.numel()) + " of " +
+                     c10::toString(w.packed.scalar_type()));
+  // One lookup per byte: a [256, 2] table of (high nibble's value, low nibble's value).
+  const auto& code = four_bit_code(w.type);
+  std::array<float, 512> pairs{};
+  for (int b = 0; b < 256; ++b) {
+    pairs[2 * b] = code[b >> 4];
+    pairs[2 * b + 1] = code[b & 15];
   }
+  const at::Tensor lut = table(pairs.data(), 512).view({256, 2}).to(w.packed.device());
+  at::Tensor vals = lut.index_select(0, w.packed.reshape({-1}).to(at::kLong)).view({-1});
+  // Padded to whole blocks, scaled per block, cut back to n.
+  if (vals.numel() != blocks * w.blocksize) vals = at::constant_pad_nd(vals, {0, blocks * w.blocksize - vals.numel()}, 0.0);
+  at::Tensor out = (vals.view({blocks, w.blocksize}) * absmax.unsqueeze(1)).view({-1}).narrow(0, 0, n);
   return out.view(w.shape);
 }
 

@@ -10,6 +10,7 @@
 #include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/from_pretrained.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/parallel/communicator.h>
 #include <flex/parallel/device_mesh.h>
@@ -399,6 +400,35 @@ TEST(ParallelMoe, ExpertParallelismNeedsExperts) {
   flex::ParallelLMOptions o;
   o.expert_parallel = true;
   EXPECT_THROW(flex::load_parallel_pretrained(flex_test::fixture("models/llama"), mesh(), o), flex::ConfigError);
+}
+
+
+// Quantized shards: each rank quantizes its slices after loading. A
+// column-parallel projection holds whole rows, so its row-wise (int8) and
+// 64-wide-block (nf4, 64-wide fixture rows) quantization is the
+// single-process one: the gathered dequantized weight is equal. Row-parallel
+// slices are quantized per rank, so the logits are held to the quantization
+// bound of the single-process test (tests/quant) instead.
+TEST(ParallelQuant, QuantizedShardsMatchSingleProcessQuantization) {
+  for (const std::string method : {"int8", "nf4"}) {
+    flex::ParallelLMOptions o;
+    o.quantization = flex::quantization_from_string(method);
+    auto lm = flex::load_parallel_pretrained(flex_test::fixture("models/llama"), mesh(), o);
+    flex::FlexModel fm(lm);
+    fm.set_mesh(mesh(), lm->layout());
+    const std::string q = "model.layers.1.self_attn.q_proj.weight";
+    at::Tensor w = fm.get_module_parameter(q);
+    at::Tensor logits = fm.forward(inputs());
+    if (!rank0()) continue;
+    flex::PretrainedOptions po;
+    po.quantization = o.quantization;
+    auto single = flex::from_pretrained(flex_test::fixture("models/llama"), po);
+    flex::FlexModel fs(single);
+    EXPECT_TRUE(close(w, fs.get_module_parameter(q), method + " " + q, 0.0));
+    const at::Tensor gold = golden("llama")->get("logits");
+    const double bound = (method == "int8" ? 0.04 : 0.6) * gold.abs().max().item<double>();
+    EXPECT_TRUE(close(logits, gold, method + " logits from quantized shards", bound));
+  }
 }
 
 }  // namespace
