@@ -17,11 +17,13 @@ namespace flex {
 
 namespace {
 
+// Accelerate's rule: the layer itself, or any layer whose dotted name holds
+// "p." (so "mlp" matches every layer of every MLP); also a name ending in ".p".
 bool matches(const std::string& name, const std::string& p) {
   if (p.empty()) return false;
-  if (name == p || name.rfind(p + ".", 0) == 0) return true;
-  return name.size() >= p.size() && name.compare(name.size() - p.size(), p.size(), p) == 0 &&
-         (name.size() == p.size() || name[name.size() - p.size() - 1] == '.');
+  if (name == p || name.find(p + ".") != std::string::npos) return true;
+  return name.size() > p.size() && name.compare(name.size() - p.size(), p.size(), p) == 0 &&
+         name[name.size() - p.size() - 1] == '.';
 }
 
 DenseLayer& dense_at(Module& model, const std::string& name) {

@@ -255,3 +255,42 @@ TEST(QuantizedOffload, BlocksOnDiskGiveTheInMemoryLogits) {
 }
 
 }  // namespace
+
+namespace {
+
+// Accelerate's entry point: a model on meta is planned, loaded and quantized
+// from the checkpoint; a loaded model is quantized in place. Both give the
+// model from_pretrained(quantization) gives.
+TEST(LoadAndQuantizeModel, OnMetaFromWeightsOrInPlace) {
+  const std::string dir = flex_test::fixture("models/llama");
+  const at::Tensor expect = load("llama", "nf4")->logits(golden_inputs());
+  const auto q = flex::quantization_from_string("nf4");
+  std::shared_ptr<flex::CausalLM> meta;
+  {
+    flex::EmptyInit scope(false);
+    meta = flex::build_causal_lm(flex::load_config(dir));
+  }
+  flex::LoadAndQuantizeOptions o;
+  o.default_skip = {"lm_head"};
+  flex::load_and_quantize_model(*meta, q, dir, o);
+  EXPECT_TRUE(at::equal(meta->logits(golden_inputs()), expect));
+  auto loaded = flex::load_pretrained(dir);
+  flex::load_and_quantize_model(*loaded, q, std::nullopt, o);
+  EXPECT_TRUE(at::equal(loaded->logits(golden_inputs()), expect));
+  // skip_modules / keep_in_fp32_modules leave layers in full precision.
+  flex::BnbQuantizationConfig keep = q;
+  keep.keep_in_fp32_modules = {"mlp"};
+  auto partly = flex::load_pretrained(dir);
+  flex::load_and_quantize_model(*partly, keep, std::nullopt, o);
+  EXPECT_FALSE(std::dynamic_pointer_cast<flex::DenseLayer>(partly->get_submodule("model.layers.0.mlp.up_proj"))->weight_format());
+  EXPECT_TRUE(std::dynamic_pointer_cast<flex::DenseLayer>(partly->get_submodule("model.layers.0.self_attn.q_proj"))->weight_format());
+  // A meta model without weights to load is a typed error.
+  std::shared_ptr<flex::CausalLM> empty;
+  {
+    flex::EmptyInit scope(false);
+    empty = flex::build_causal_lm(flex::load_config(dir));
+  }
+  EXPECT_THROW(flex::load_and_quantize_model(*empty, q, std::nullopt, o), flex::ConfigError);
+}
+
+}  // namespace

@@ -19,8 +19,9 @@ namespace flex {
 
 /// The Linear / Conv1D layers of `model` that `cfg` quantizes: all but
 /// those matched by cfg.skip_modules (default: `default_skip`, the output
-/// head) and cfg.keep_in_fp32_modules. A pattern matches a layer named
-/// exactly so, below it ("p." prefix) or ending in it (Transformers' rules).
+/// head) and cfg.keep_in_fp32_modules. A pattern p matches a layer named p,
+/// any layer whose name holds "p." (Accelerate's rule: "mlp" is every MLP
+/// layer), or one whose name ends in ".p".
 std::vector<std::string> layers_to_quantize(Module& model, const BnbQuantizationConfig& cfg,
                                             const std::vector<std::string>& default_skip);
 
