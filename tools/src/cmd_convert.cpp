@@ -81,10 +81,13 @@ int run_convert(const std::vector<std::string>& argv) {
     po.quantization = quantization;
     if (dtype) po.torch_dtype = torch_dtype_name(*dtype);
     quantized = from_pretrained(dir, po);
+    auto ends_with = [](const std::string& s, const std::string& tail) {
+      return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+    };
     for (auto& [name, t] : bnb_state_dict(*quantized)) {
-      const size_t dot = name.find(".weight.");
-      const bool extra = dot != std::string::npos || name.size() > 4 && name.compare(name.size() - 4, 4, ".SCB") == 0 ||
-                         name.find(".weight_format") != std::string::npos;
+      // A quantized layer's own tensors: weight.absmax, ..., SCB, weight_format.
+      const bool extra = name.find(".weight.") != std::string::npos || ends_with(name, ".SCB") ||
+                         ends_with(name, ".weight_format");
       if (ckpt.contains(name) || extra) tensors.emplace_back(name, t);
     }
   } else {
