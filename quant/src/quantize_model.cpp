@@ -37,10 +37,29 @@ at::Tensor meta(std::vector<int64_t> shape, at::ScalarType t) {
   return at::empty(shape, at::TensorOptions().dtype(t).device(at::kMeta));
 }
 
+// A 4-bit layer's tensors on meta for quant state `w` (shape, block size,
+// type, dtype; double-quantized when `nested`), its packed JSON taking
+// `state_bytes` (0: as long as this state's JSON).
+void plan_four_bit(DenseLayer& layer, FourBitWeight w, bool nested, int64_t state_bytes, at::ScalarType compute) {
+  const int64_t n = layer.out_features * layer.in_features, blocks = (n + w.blocksize - 1) / w.blocksize;
+  w.absmax = meta({blocks}, nested ? at::kByte : at::kFloat);
+  std::vector<std::pair<std::string, at::Tensor>> t{{"weight_absmax", w.absmax},
+                                                     {"weight_quant_map", meta({16}, at::kFloat)}};
+  if (nested) {
+    w.nested_absmax = meta({(blocks + 255) / 256}, at::kFloat);
+    w.nested_code = meta({256}, at::kFloat);
+    t.emplace_back("weight_nested_absmax", w.nested_absmax);
+    t.emplace_back("weight_nested_quant_map", w.nested_code);
+  }
+  if (state_bytes == 0) state_bytes = static_cast<int64_t>(quant_state_json(w).size());
+  t.emplace_back("weight_quant_state", meta({state_bytes}, at::kByte));
+  layer.set_weight_format(std::make_shared<FourBitFormat>(w, compute), meta({(n + 1) / 2, 1}, at::kByte), t);
+}
+
 // The quantized tensors' shapes on meta, and the format (its scalars as a
 // fresh quantization of an [out, in] weight of `dtype` would have them).
 void plan_layer(DenseLayer& layer, const BnbQuantizationConfig& cfg, at::ScalarType dtype) {
-  const int64_t out = layer.out_features, in = layer.in_features, n = out * in;
+  const int64_t out = layer.out_features, in = layer.in_features;
   if (cfg.load_in_8bit) {
     layer.set_weight_format(std::make_shared<Int8Format>(cfg.llm_int8_threshold), meta({out, in}, at::kChar),
                             {{"SCB", meta({out}, at::kFloat)}, {"weight_format", meta({}, at::kByte)}});
@@ -50,24 +69,7 @@ void plan_layer(DenseLayer& layer, const BnbQuantizationConfig& cfg, at::ScalarT
   w.type = four_bit_type(cfg.bnb_4bit_quant_type);
   w.shape = {out, in};
   w.dtype = dtype;
-  const int64_t blocks = (n + w.blocksize - 1) / w.blocksize;
-  std::vector<std::pair<std::string, at::Tensor>> t;
-  if (cfg.bnb_4bit_use_double_quant) {
-    w.nested_absmax = meta({(blocks + 255) / 256}, at::kFloat);
-    w.nested_code = meta({256}, at::kFloat);
-    w.absmax = meta({blocks}, at::kByte);
-  } else {
-    w.absmax = meta({blocks}, at::kFloat);
-  }
-  t.emplace_back("weight_absmax", w.absmax);
-  t.emplace_back("weight_quant_map", meta({16}, at::kFloat));
-  if (w.nested()) {
-    t.emplace_back("weight_nested_absmax", w.nested_absmax);
-    t.emplace_back("weight_nested_quant_map", w.nested_code);
-  }
-  t.emplace_back("weight_quant_state", meta({static_cast<int64_t>(quant_state_json(w).size())}, at::kByte));
-  layer.set_weight_format(std::make_shared<FourBitFormat>(w, cfg.bnb_4bit_compute_dtype),
-                          meta({(n + 1) / 2, 1}, at::kByte), t);
+  plan_four_bit(layer, w, cfg.bnb_4bit_use_double_quant, 0, cfg.bnb_4bit_compute_dtype);
 }
 
 // The layer's quantized tensors from its full-precision [out, in] weight;
@@ -214,9 +216,10 @@ decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model,
   std::set<std::string> layers(bnb.layers.begin(), bnb.layers.end());
   for (const auto& name : bnb.layers) {
     DenseLayer& layer = dense_at(model, name);
-    const at::ScalarType dtype = layer.weight.scalar_type();
-    plan_layer(layer, bnb.config, dtype);
-    if (!bnb.config.load_in_4bit) continue;
+    if (!bnb.config.load_in_4bit) {
+      plan_layer(layer, bnb.config, layer.weight.scalar_type());
+      continue;
+    }
     // The checkpoint's own quant state (shape, block size, type, offset).
     std::string key;
     for (const char* t : {"nf4", "fp4"})
@@ -225,22 +228,9 @@ decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model,
     if (bytes <= 0 || bytes > (1 << 16)) throw ShapeError(dir + ": '" + key + "' is not a packed quant state");
     FourBitWeight w;
     read_quant_state_tensor(ck.get(key), w, dir + ": " + key);
-    const bool nested = ck.contains(name + ".weight.nested_absmax");
     if (w.shape != std::vector<int64_t>{layer.out_features, layer.in_features})
       throw ShapeError(dir + ": '" + key + "' is for a weight of another shape than " + name + "'s");
-    int64_t n = layer.out_features * layer.in_features;
-    const int64_t blocks = (n + w.blocksize - 1) / w.blocksize;
-    std::vector<std::pair<std::string, at::Tensor>> t{
-        {"weight_absmax", meta({blocks}, nested ? at::kByte : at::kFloat)}, {"weight_quant_map", meta({16}, at::kFloat)}};
-    if (nested) {
-      w.nested_absmax = meta({(blocks + 255) / 256}, at::kFloat);
-      w.nested_code = meta({256}, at::kFloat);
-      t.emplace_back("weight_nested_absmax", w.nested_absmax);
-      t.emplace_back("weight_nested_quant_map", w.nested_code);
-    }
-    t.emplace_back("weight_quant_state", meta({bytes}, at::kByte));
-    layer.set_weight_format(std::make_shared<FourBitFormat>(w, bnb.config.bnb_4bit_compute_dtype),
-                            meta({(n + 1) / 2, 1}, at::kByte), t);
+    plan_four_bit(layer, w, ck.contains(name + ".weight.nested_absmax"), bytes, bnb.config.bnb_4bit_compute_dtype);
   }
   return [layers](const std::string& key, const std::function<at::Tensor()>& read)
              -> std::optional<std::vector<std::pair<std::string, at::Tensor>>> {
