@@ -1,7 +1,7 @@
 #include <flex/flexcore/flex_model.h>
-#include <flex/hooks/token_rows.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
+#include <flex/hooks/token_rows.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
@@ -331,7 +331,7 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
     HookHandle h;
     switch (type) {
       case HookType::Forward:
-        h = mod->register_forward_hook([this, weak](Module& m, const Inputs& in, Value& out) {
+        h = mod->register_forward_hook([this, weak](Module& m, const Inputs&, Value& out) {
           auto en = weak.lock();
           if (!en || !en->enabled) return;
           // Inside a mixture-of-experts expert the rows are a subset of the
