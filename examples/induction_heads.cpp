@@ -7,6 +7,7 @@
 // repeated half rise. Writes the scores and the best head's pattern as SVG.
 //
 //   induction_heads [--steps N] [--seconds S] [--work DIR]   (defaults: 4000 steps, 110 s)
+#include "support/adam.h"
 #include "support/example_util.h"
 #include "support/svg.h"
 
@@ -80,28 +81,6 @@ at::Tensor repeated_half_loss(const at::Tensor& logits, const at::Tensor& ids) {
   return at::nll_loss(lp.reshape({-1, kVocab}), ids.narrow(1, kHalf + 1, kHalf - 1).reshape({-1}));
 }
 
-/// Adam on a list of tensors (kept here so the example shows every step).
-struct Adam {
-  std::vector<at::Tensor> params, m, v;
-  double lr = 1e-3, b1 = 0.9, b2 = 0.98, eps = 1e-8;
-  int64_t t = 0;
-  explicit Adam(std::vector<at::Tensor> p) : params(std::move(p)) {
-    for (auto& x : params) m.push_back(at::zeros_like(x)), v.push_back(at::zeros_like(x));
-  }
-  void step() {
-    at::NoGradGuard ng;
-    ++t;
-    for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor g = params[i].grad();
-      m[i].mul_(b1).add_(g, 1 - b1);
-      v[i].mul_(b2).addcmul_(g, g, 1 - b2);
-      at::Tensor mh = m[i] / (1 - std::pow(b1, t)), vh = v[i] / (1 - std::pow(b2, t));
-      params[i].sub_(lr * mh / (vh.sqrt() + eps));
-      params[i].mutable_grad().zero_();
-    }
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,7 +93,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<AttnOnly>();
     std::vector<at::Tensor> params;
     for (auto& p : model->parameters()) params.push_back(p.requires_grad_(true));
-    Adam adam(params);
+    flex_examples::Adam adam(params);
 
     // 1. Train (full next-token loss; only the repeated half is predictable).
     const auto start = std::chrono::steady_clock::now();

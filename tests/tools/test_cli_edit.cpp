@@ -61,6 +61,49 @@ TEST(CliGenerate, GreedyEqualsLibraryGenerate) {
   EXPECT_EQ(r.out, greedy_in_process(tiny_model(), "the cat", 6));
 }
 
+/// Greedy continuation of `ids` by full recomputation and argmax (no cache, no generate()).
+std::vector<int64_t> greedy_by_argmax(const std::string& dir, std::vector<int64_t> ids, int n) {
+  auto model = flex::load_pretrained(dir);
+  at::NoGradGuard ng;
+  for (int i = 0; i < n; ++i) {
+    at::Tensor logits = model->logits(at::tensor(ids, at::kLong).unsqueeze(0));
+    ids.push_back(logits[0][-1].argmax().item<int64_t>());
+  }
+  return ids;
+}
+
+std::string joined(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  return s + "\n";
+}
+
+TEST(CliGenerate, InputIdsWorkWithoutATokenizer) {
+  flex_test::TempDir tmp;
+  // The model folder without its tokenizer files.
+  fs::create_directories(tmp.str("bare"));
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(fs::path(tiny_model()) / f, tmp.path() / "bare" / f);
+  const std::vector<int64_t> a = {5, 17, 3, 40}, b = {9, 2};
+  // Row 1 left-padded to row 0's length: it must continue as it would alone.
+  flex::save_safetensors(tmp.str("ids.safetensors"),
+                         {{"input_ids", at::tensor(std::vector<int64_t>{5, 17, 3, 40, 0, 0, 9, 2}).view({2, 4})},
+                          {"attention_mask", at::tensor(std::vector<int64_t>{1, 1, 1, 1, 0, 0, 1, 1}).view({2, 4})}});
+  auto r = run({"generate", tmp.str("bare"), "--input-ids", tmp.str("ids.safetensors"), "--max-new-tokens", "5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, joined(greedy_by_argmax(tmp.str("bare"), a, 5)) + joined(greedy_by_argmax(tmp.str("bare"), b, 5)));
+  // With a tokenizer the rows are decoded; a prompt without one is an error naming the folder.
+  r = run({"generate", tiny_model(), "--input-ids", tmp.str("ids.safetensors"), "--max-new-tokens", "5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto tok = flex::load_tokenizer(tiny_model());
+  EXPECT_EQ(r.out, tok->decode(greedy_by_argmax(tiny_model(), a, 5)) + "\n" + tok->decode(greedy_by_argmax(tiny_model(), b, 5)) + "\n");
+  r = run({"generate", tmp.str("bare"), "--prompt", "hi"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("has no tokenizer"), std::string::npos) << r.err;
+  r = run({"generate", tmp.str("bare"), "--prompt", "hi", "--input-ids", tmp.str("ids.safetensors")});
+  EXPECT_EQ(r.code, 2) << r.err;
+}
+
 TEST(CliGenerate, SteeringTheLogitsForcesAToken) {
   flex_test::TempDir tmp;
   const int64_t z = 'Z';  // the tiny tokenizer's id of byte 'Z'

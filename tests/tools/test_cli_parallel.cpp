@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
+#include <string>
 #include <tuple>
 
 #ifdef FLEX_MPIEXEC
@@ -183,6 +185,18 @@ TEST(CliParallel, BadCombinationsFailEveryRank) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("= 4 rank(s), but this job has 2"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(tmp.str("x.safetensors")));
+  // Every rank reports, each on a line of its own with one prefix (a line
+  // written in pieces interleaved with the other rank's).
+  std::istringstream lines(r.err);
+  int reports = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto first = line.find("flexmodel: error: ");
+    if (first == std::string::npos) continue;
+    ++reports;
+    EXPECT_EQ(first, 0u) << line;
+    EXPECT_EQ(line.find("flexmodel: error: ", first + 1), std::string::npos) << "doubled prefix: " << line;
+  }
+  EXPECT_GE(reports, 1) << r.err;
 }
 #else
 TEST(CliParallel, NeedsMpirun) { GTEST_SKIP() << "built without MPI: no mpirun to run the parallel CLI"; }

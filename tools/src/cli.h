@@ -128,6 +128,20 @@ Ranks parallel_setup(const Args& args);
 /// (--device-map, --max-memory, --offload-folder) are UsageErrors.
 std::shared_ptr<ParallelCausalLM> load_parallel_model(const std::string& dir, const Args& args, const DeviceMesh& mesh);
 
+/// `pattern` alone when it has no wildcard; else every module name (hook
+/// points included) it matches with fnmatch ('*.hook_attn_probs'),
+/// NotFoundError when none does.
+std::vector<std::string> matching_hook_names(Module& model, const std::string& pattern);
+
+/// A batch of token ids [B, T] (int64) and its attention mask (undefined:
+/// no padding).
+struct InputBatch {
+  at::Tensor input_ids, attention_mask;
+};
+/// --input-ids FILE: tensor input_ids ([T] or [B, T]) and attention_mask if
+/// present. NotFoundError / ShapeError naming the file otherwise.
+InputBatch read_input_ids(const std::string& path);
+
 /// Every hookable name of `model` that --hook all selects: each named module
 /// except the root and the flex-only hook points ("...hook_resid_pre").
 std::vector<std::string> all_hook_names(Module& model);
@@ -138,5 +152,6 @@ int run_inspect(const std::vector<std::string>& argv);
 int run_capture(const std::vector<std::string>& argv);
 int run_generate(const std::vector<std::string>& argv);
 int run_convert(const std::vector<std::string>& argv);
+int run_report(const std::vector<std::string>& argv);
 
 }  // namespace flex::cli

@@ -28,7 +28,8 @@ const std::vector<Flag>& capture_flags() {
         {"--prompt", "TEXT", "a prompt, tokenized with the model folder's tokenizer", true},
         {"--prompts-file", "FILE", "one prompt per line"},
         {"--input-ids", "FILE.safetensors", "tensor input_ids [B, T] (and attention_mask if present) as the batch"},
-        {"--hook", "NAME", "module to capture ('all': every named module except the root and hook_* points)", true},
+        {"--hook", "NAME", "module to capture ('all': every named module except the root and hook_* points; a pattern "
+                            "with * or ? selects every matching name, hook points included: '*.hook_attn_probs')", true},
         {"--out", "FILE.safetensors", "output: one tensor per hook, plus input_ids and logits"},
         {"--batch-size", "N", "rows per forward (default: the whole batch); outputs are concatenated on dim 0"},
         {"--stream-dir", "DIR", "stream captures to StreamingSink shards in DIR (resumes an interrupted run)"},
@@ -41,32 +42,7 @@ const std::vector<Flag>& capture_flags() {
   return flags;
 }
 
-struct Batch {
-  at::Tensor input_ids, attention_mask;  // mask undefined: no padding
-};
-
-Batch read_input_ids(const std::string& path) {
-  auto f = SafetensorsFile::open(path);
-  if (!f->contains("input_ids")) {
-    std::string names;
-    for (const auto& n : f->names()) names += (names.empty() ? "" : ", ") + n;
-    throw NotFoundError("'" + path + "' has no tensor named input_ids (it has: " + names + ")");
-  }
-  Batch b;
-  b.input_ids = f->get("input_ids").to(at::kLong).clone();
-  if (b.input_ids.dim() == 1) b.input_ids = b.input_ids.unsqueeze(0);
-  if (b.input_ids.dim() != 2)
-    throw ShapeError("'" + path + "': input_ids must be [batch, tokens], got " + std::to_string(b.input_ids.dim()) + " dims");
-  if (f->contains("attention_mask")) {
-    b.attention_mask = f->get("attention_mask").to(at::kLong).clone();
-    if (b.attention_mask.dim() == 1) b.attention_mask = b.attention_mask.unsqueeze(0);
-    if (b.attention_mask.sizes() != b.input_ids.sizes())
-      throw ShapeError("'" + path + "': attention_mask shape does not match input_ids");
-  }
-  return b;
-}
-
-Batch tokenize(const std::string& dir, const std::vector<std::string>& prompts) {
+InputBatch tokenize(const std::string& dir, const std::vector<std::string>& prompts) {
   if (prompts.empty()) throw UsageError("no prompts given (the prompts file is empty?)");
   std::unique_ptr<Tokenizer> tok;
   try {
@@ -82,7 +58,7 @@ Batch tokenize(const std::string& dir, const std::vector<std::string>& prompts) 
   }
   const int64_t pad = tok->pad_id().value_or(tok->eos_id().value_or(0));
   auto [input_ids, mask] = pad_left(ids, pad);
-  Batch b{input_ids, mask};
+  InputBatch b{input_ids, mask};
   if (mask.min().item<int64_t>() == 1) b.attention_mask = at::Tensor();  // no padding at all
   return b;
 }
@@ -152,7 +128,7 @@ int run_capture(const std::vector<std::string>& argv) {
   if (ranks.writer()) require_writable_file(*out);  // fail before any work
   require_model_dir(dir);
 
-  Batch all;
+  InputBatch all;
   if (auto f = args.get("--input-ids")) all = read_input_ids(*f);
   else if (args.has("--prompt")) all = tokenize(dir, args.all("--prompt"));
   else all = tokenize(dir, read_prompts(*args.get("--prompts-file")));
@@ -165,7 +141,7 @@ int run_capture(const std::vector<std::string>& argv) {
   std::vector<std::string> names;
   std::set<std::string> seen;
   for (const auto& h : hooks_given) {
-    const auto add = h == "all" ? all_hook_names(*model) : std::vector<std::string>{h};
+    const auto add = h == "all" ? all_hook_names(*model) : matching_hook_names(*model, h);
     for (const auto& n : add)
       if (seen.insert(n).second) names.push_back(n);
   }

@@ -22,6 +22,7 @@ const std::vector<Flag>& generate_flags() {
   static const std::vector<Flag> flags = [] {
     std::vector<Flag> f = {
         {"--prompt", "TEXT", "the prompt (tokenized with the model folder's tokenizer)"},
+        {"--input-ids", "FILE.safetensors", "the prompts as token ids: input_ids [T] or [B, T] (and attention_mask for left padding)"},
         {"--max-new-tokens", "N", "tokens to generate (default 20)"},
         {"--temperature", "T", "sample with this temperature (default: greedy)"},
         {"--top-k", "K", "sample from the K most likely tokens"},
@@ -199,17 +200,21 @@ HookFunctionPtr scale_expert(const std::string& spec) {
 int run_generate(const std::vector<std::string>& argv) {
   Args args("generate", generate_flags(), argv);
   if (args.help()) {
-    std::cout << usage_text("generate", "MODEL_DIR --prompt TEXT [options]", generate_flags(),
+    std::cout << usage_text("generate", "MODEL_DIR (--prompt TEXT | --input-ids FILE.safetensors) [options]",
+                            generate_flags(),
                             "Generates text, greedy or sampled, with edits applied by FlexModel HookFunction\n"
                             "editing functions on every forward (the prompt and each new token). Prints the prompt\n"
-                            "followed by the generated text.");
+                            "followed by the generated text. With --input-ids, one line per row: its token ids\n"
+                            "(prompt, then the new ones, space-separated) when the folder has no tokenizer, else\n"
+                            "the decoded text.");
     return 0;
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
   const Ranks ranks = parallel_setup(args);
   const auto prompt = args.get("--prompt");
-  if (!prompt) throw UsageError("missing --prompt TEXT");
+  const auto ids_file = args.get("--input-ids");
+  if (!prompt == !ids_file) throw UsageError("give exactly one of --prompt TEXT or --input-ids FILE.safetensors");
   GenerateOptions g;
   g.max_new_tokens = args.get_int("--max-new-tokens").value_or(20);
   if (g.max_new_tokens < 1) throw UsageError("option --max-new-tokens must be at least 1");
@@ -223,11 +228,22 @@ int run_generate(const std::vector<std::string>& argv) {
   if (!(g.top_p > 0 && g.top_p <= 1)) throw UsageError("option --top-p must be in (0, 1]");
   require_model_dir(dir);
 
+  // Token ids need no tokenizer; a prompt does.
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = load_tokenizer(dir);
   } catch (const IOError&) {
-    throw IOError("model directory '" + dir + "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt)");
+    if (prompt)
+      throw IOError("model directory '" + dir +
+                    "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt); pass token ids with --input-ids");
+  }
+  InputBatch batch;
+  if (ids_file) {
+    batch = read_input_ids(*ids_file);
+  } else {
+    std::vector<int64_t> ids = tok->encode(*prompt);
+    if (ids.empty()) throw ConfigError("the prompt has no tokens");
+    batch.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
   }
   // The parallel model keeps no KV cache: every step runs the whole sequence.
   g.use_cache = !ranks.mesh;
@@ -245,9 +261,7 @@ int run_generate(const std::vector<std::string>& argv) {
   for (const auto& s : args.all("--ban-expert")) fm.register_forward_hook(ban(s, *root));
   for (const auto& s : args.all("--scale-expert")) fm.register_forward_hook(scale_expert(s));
 
-  std::vector<int64_t> ids = tok->encode(*prompt);
-  if (ids.empty()) throw ConfigError("the prompt has no tokens");
-  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+  const at::Tensor& input = batch.input_ids;
   at::NoGradGuard no_grad;
   GenerateOutput out;
   if (parallel) {
@@ -264,11 +278,29 @@ int run_generate(const std::vector<std::string>& argv) {
       ranks.world->broadcast(last, 0);
       return last.unsqueeze(1);
     };
-    out = generate(step, parallel->config(), input, {}, g);
+    out = generate(step, parallel->config(), input, batch.attention_mask, g);
   } else {
-    out = generate(*model, input, {}, g);
+    out = generate(*model, input, batch.attention_mask, g);
   }
-  if (ranks.writer()) std::cout << *prompt << tok->decode(out.new_tokens(0)) << "\n";
+  if (!ranks.writer()) return 0;
+  if (prompt) {
+    std::cout << *prompt << tok->decode(out.new_tokens(0)) << "\n";
+    return 0;
+  }
+  for (int64_t b = 0; b < input.size(0); ++b) {
+    // The row's prompt without its left padding, then what it generated.
+    std::vector<int64_t> row;
+    for (int64_t t = 0; t < input.size(1); ++t)
+      if (!batch.attention_mask.defined() || batch.attention_mask[b][t].item<int64_t>() != 0)
+        row.push_back(input[b][t].item<int64_t>());
+    for (int64_t id : out.new_tokens(b)) row.push_back(id);
+    if (tok) {
+      std::cout << tok->decode(row) << "\n";
+    } else {
+      for (size_t i = 0; i < row.size(); ++i) std::cout << (i ? " " : "") << row[i];
+      std::cout << "\n";
+    }
+  }
   return 0;
 }
 

@@ -4,9 +4,11 @@
 #include "cli.h"
 
 #include <flex/dispatch/module_sizes.h>
+#include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/from_pretrained.h>
 
+#include <fnmatch.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -252,5 +254,36 @@ std::vector<std::string> all_hook_names(Module& model) {
     if (!nm.first.empty() && !is_hook_point_name(nm.first)) names.push_back(nm.first);
   return names;
 }
+
+std::vector<std::string> matching_hook_names(Module& model, const std::string& pattern) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return {pattern};
+  std::vector<std::string> names;
+  for (const auto& nm : model.named_flex_modules())
+    if (!nm.first.empty() && fnmatch(pattern.c_str(), nm.first.c_str(), 0) == 0) names.push_back(nm.first);
+  if (names.empty()) throw NotFoundError("--hook '" + pattern + "' matches no module of the model");
+  return names;
+}
+
+InputBatch read_input_ids(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  if (!f->contains("input_ids")) {
+    std::string names;
+    for (const auto& n : f->names()) names += (names.empty() ? "" : ", ") + n;
+    throw NotFoundError("'" + path + "' has no tensor named input_ids (it has: " + names + ")");
+  }
+  InputBatch b;
+  b.input_ids = f->get("input_ids").to(at::kLong).clone();
+  if (b.input_ids.dim() == 1) b.input_ids = b.input_ids.unsqueeze(0);
+  if (b.input_ids.dim() != 2)
+    throw ShapeError("'" + path + "': input_ids must be [batch, tokens], got " + std::to_string(b.input_ids.dim()) + " dims");
+  if (f->contains("attention_mask")) {
+    b.attention_mask = f->get("attention_mask").to(at::kLong).clone();
+    if (b.attention_mask.dim() == 1) b.attention_mask = b.attention_mask.unsqueeze(0);
+    if (b.attention_mask.sizes() != b.input_ids.sizes())
+      throw ShapeError("'" + path + "': attention_mask shape does not match input_ids");
+  }
+  return b;
+}
+
 
 }  // namespace flex::cli

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -14,13 +15,14 @@
 namespace {
 
 const char* kUsage =
-    "usage: flexmodel COMMAND MODEL_DIR [options]\n"
+    "usage: flexmodel COMMAND MODEL_DIR|CAPTURE [options]\n"
     "\n"
     "commands:\n"
     "  inspect    architecture, module sizes, tied parameters, the device map for a budget\n"
     "  capture    hooked forward pass; activations to a safetensors file\n"
     "  generate   text generation with steering, ablation and patching edits\n"
     "  convert    re-shard, change dtype, or write an Accelerate offload folder\n"
+    "  report     a capture file as one HTML page: attention, logit lens, norms, findings\n"
     "\n"
     "flexmodel COMMAND --help shows a command's options. Log level: --log-level or\n"
     "$FLEXMODEL_LOG (error, warn, info, debug).\n";
@@ -37,7 +39,12 @@ int fail(int code, const std::string& message) {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
   const std::string who = rank && size && std::string(size) != "1" ? std::string("rank ") + rank + ": " : "";
-  std::cerr << "flexmodel: error: " << who << one_line(message) << "\n";
+  // One write per line: under mpirun the ranks share one stderr, and a line
+  // written in pieces interleaves with another rank's ("flexmodel: error:
+  // flexmodel: error: rank 0: ...").
+  const std::string line = "flexmodel: error: " + who + one_line(message) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
   return code;
 }
 
@@ -60,7 +67,8 @@ int main(int argc, char** argv) {
     if (cmd == "capture") return flex::cli::run_capture(args);
     if (cmd == "generate") return flex::cli::run_generate(args);
     if (cmd == "convert") return flex::cli::run_convert(args);
-    return fail(2, "unknown command '" + cmd + "' (use inspect, capture, generate or convert; flexmodel --help)");
+    if (cmd == "report") return flex::cli::run_report(args);
+    return fail(2, "unknown command '" + cmd + "' (use inspect, capture, generate, convert or report; flexmodel --help)");
   } catch (const flex::cli::UsageError& e) {
     return fail(2, e.what());
   } catch (const c10::Error& e) {

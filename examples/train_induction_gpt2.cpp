@@ -1,0 +1,194 @@
+// The main job's model: a 2-layer GPT-2 trained on the spot (about a minute
+// on 2 cores) to continue repeated random token sequences, the task on which
+// transformers form induction heads (Olsson et al., 2022). It is written as a
+// Hugging Face folder (config.json, model.safetensors, tokenizer) so that
+// `flexmodel capture` and `flexmodel report` treat it like any downloaded
+// model, together with held-out repeated sequences as input_ids.
+//
+//   train_induction_gpt2 [--work DIR] [--steps N] [--seconds S]
+//       trains, writes DIR/induction-gpt2/ and DIR/repeated_ids.safetensors
+//   train_induction_gpt2 MODEL_DIR [--work DIR]
+//       writes only DIR/repeated_ids.safetensors, drawn from MODEL_DIR's vocabulary
+#include "support/adam.h"
+#include "support/example_util.h"
+
+#include <flex/dispatch/safetensors.h>
+#include <flex/models/auto_model.h>
+#include <flex/models/generate.h>
+
+#include <ATen/ATen.h>
+
+#include <malloc.h>
+
+#include <chrono>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <unordered_set>
+
+namespace {
+
+int64_t kHalf = 24;  // held-out rows: [bos, x_1..x_kHalf, x_1..x_kHalf]; training rows as long
+
+/// The token ids sequences are drawn from: the tiny tokenizer's letters and
+/// digits (readable labels), or for a real model a band of ordinary ids.
+std::vector<int64_t> alphabet(const flex::ModelConfig& cfg, bool tiny) {
+  std::vector<int64_t> ids;
+  if (tiny) {
+    for (int c = 0; c < 256; ++c)
+      if (std::isalnum(c)) ids.push_back(c);  // the tiny tokenizer's id of byte c is c
+    return ids;
+  }
+  const int64_t lo = std::min<int64_t>(1000, cfg.vocab_size / 4), hi = std::min<int64_t>(cfg.vocab_size, 20000);
+  for (int64_t i = lo; i < hi; ++i) ids.push_back(i);
+  return ids;
+}
+
+at::Tensor draw(const std::vector<int64_t>& alpha, std::vector<int64_t> shape, at::Generator& g) {
+  at::Tensor pick = at::randint(static_cast<int64_t>(alpha.size()), shape, g, at::TensorOptions().dtype(at::kLong));
+  return at::tensor(alpha, at::kLong).index_select(0, pick.flatten()).view(shape);
+}
+
+/// [B, 1 + 2 * kHalf]: a BOS (when the model has one), then kHalf random
+/// tokens, repeated.
+at::Tensor repeated_batch(int64_t B, const std::vector<int64_t>& alpha, std::optional<int64_t> bos, at::Generator& g) {
+  at::Tensor half = draw(alpha, {B, kHalf}, g);
+  std::vector<at::Tensor> parts;
+  if (bos) parts.push_back(at::full({B, 1}, *bos, at::kLong));
+  parts.push_back(half);
+  parts.push_back(half);
+  return at::cat(parts, 1);
+}
+
+/// Training rows: BOS, then a random segment of random length (4 .. kHalf)
+/// repeated until the row is full, so that the repeats can only be predicted
+/// from the tokens (an induction mechanism), not from fixed positions.
+/// `copyable` [B, T - 1] marks the positions whose next token continues a
+/// copy (its bigram occurred before).
+struct TrainBatch {
+  at::Tensor ids, copyable;
+};
+TrainBatch training_batch(int64_t B, const std::vector<int64_t>& alpha, int64_t bos, at::Generator& g) {
+  const int64_t T = 1 + 2 * kHalf;
+  TrainBatch b{draw(alpha, {B, T}, g), at::zeros({B, T - 1}, at::kBool)};
+  b.ids.select(1, 0).fill_(bos);
+  at::Tensor u = at::rand({B}, g, at::kDouble);
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t len = 4 + static_cast<int64_t>(u[r].item<double>() * (kHalf - 4 + 1));
+    for (int64_t t = 1 + len; t < T; ++t) b.ids[r][t] = b.ids[r][t - len];
+    b.copyable[r].narrow(0, 1 + len, T - 2 - len).fill_(true);  // predicting positions 2 + len .. T - 1
+  }
+  return b;
+}
+
+/// Mean next-token loss where `mask` [B, T - 1] is set.
+at::Tensor masked_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& mask) {
+  const int64_t T = ids.size(1);
+  at::Tensor nll = -at::log_softmax(logits.narrow(1, 0, T - 1), -1).gather(2, ids.narrow(1, 1, T - 1).unsqueeze(2)).squeeze(2);
+  return nll.masked_select(mask).mean();
+}
+
+void train(const std::string& dir, int max_steps, double max_seconds, double opt_lr, int64_t batch) {
+  // Every step allocates and frees the same few MB; glibc would hand them back
+  // to the kernel and page-fault them in again (a third of the step time).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_TOP_PAD, 64 << 20);
+  flex_examples::TinyGpt2Options o;
+  o.n_layer = 2;
+  o.n_embd = 64;
+  o.n_head = 4;
+  o.n_positions = 64;
+  o.seed = 0;
+  flex_examples::write_tiny_gpt2(dir, o);  // config, tokenizer, random weights
+  auto model = flex::load_pretrained(dir);
+  const auto alpha = alphabet(model->config(), true);
+  const auto bos = model->config().bos_token_id;
+
+  // GPT-2's initialisation (N(0, 0.02) matrices, zero biases, unit norms),
+  // each tensor once (lm_head.weight is wte.weight).
+  std::vector<at::Tensor> params;
+  std::unordered_set<const void*> seen;
+  for (auto& [name, t] : flex::state_dict(*model)) {
+    at::NoGradGuard init_guard;
+    if (!t.is_floating_point() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    if (name.find("ln_") != std::string::npos) {
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) t.fill_(1);
+      else t.zero_();
+    } else if (t.dim() >= 2) {
+      t.normal_(0, 0.02);
+    } else {
+      t.zero_();
+    }
+    params.push_back(t);
+  }
+  for (auto& t : params) t.requires_grad_(true);
+  flex_examples::Adam adam(params, opt_lr);
+
+  at::Generator gen = flex::make_cpu_generator(1234);
+  const auto start = std::chrono::steady_clock::now();
+  const double chance = std::log(static_cast<double>(alpha.size()));
+  int step = 0;
+  double fresh = 0, repeated = 0;
+  for (; step < max_steps; ++step) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (elapsed > max_seconds) break;
+    const TrainBatch b = training_batch(batch, alpha, *bos, gen);
+    at::Tensor logits = model->logits(b.ids);
+    at::Tensor loss = masked_loss(logits, b.ids, b.copyable.logical_not()) +
+                      masked_loss(logits, b.ids, b.copyable);  // the copies count as much as the rest
+    loss.backward();
+    adam.step();
+    if (step % 250 == 0 || step + 1 == max_steps) {
+      at::NoGradGuard ng;
+      fresh = masked_loss(logits, b.ids, b.copyable.logical_not()).item<double>();
+      repeated = masked_loss(logits, b.ids, b.copyable).item<double>();
+      std::printf("step %5d  %5.1f s  next-token loss: fresh tokens %.2f, repeated tokens %.2f  (chance %.2f)\n", step,
+                  elapsed, fresh, repeated, chance);
+      std::fflush(stdout);
+      if (repeated < 0.02) {  // the induction mechanism has formed: the repeat is predicted
+        ++step;
+        break;
+      }
+    }
+  }
+  std::printf("trained %d steps in %.1f s\n", step,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto& [name, t] : flex::state_dict(*model))
+    if (name != "lm_head.weight") tensors.emplace_back(name, t.detach().contiguous());
+  flex::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto opt = flex_examples::parse_options(
+        argc, argv, "train_induction_gpt2 [MODEL_DIR] [--work DIR] [--steps N] [--seconds S] [--batch B]");
+    const bool tiny = opt.model_dir.empty();
+    if (opt.extra.count("--half")) kHalf = std::stoll(opt.extra["--half"]);
+    std::string dir = opt.model_dir;
+    if (tiny) {
+      dir = opt.work + "/induction-gpt2";
+      const double seconds = opt.extra.count("--seconds") ? std::stod(opt.extra["--seconds"]) : 75.0;
+      const double lr = opt.extra.count("--lr") ? std::stod(opt.extra["--lr"]) : 3e-3;
+      const int64_t train_batch = opt.extra.count("--train-batch") ? std::stoll(opt.extra["--train-batch"]) : 32;
+      train(dir, opt.steps > 0 ? opt.steps : 3000, seconds, lr, train_batch);
+      std::printf("wrote the trained model to %s\n", dir.c_str());
+    }
+    const auto cfg = flex::load_config(dir);
+    const int64_t batch = opt.extra.count("--batch") ? std::stoll(opt.extra["--batch"]) : 4;
+    at::Generator gen = flex::make_cpu_generator(99);  // held out: not a training seed
+    at::Tensor ids = repeated_batch(batch, alphabet(cfg, tiny), cfg.bos_token_id, gen);
+    const std::string out = opt.work + "/repeated_ids.safetensors";
+    flex::save_safetensors(out, {{"input_ids", ids}});
+    std::printf("wrote %s: %lld sequences of %lld random tokens, each repeated once\n", out.c_str(),
+                static_cast<long long>(batch), static_cast<long long>(kHalf));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_induction_gpt2: error: %s\n", e.what());
+    return 1;
+  }
+}
