@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
-# The main job, end to end: install what is missing, build, then on MODEL_DIR
-# (or, when none is given, on a tiny random GPT-2 written as a Hugging Face
-# folder with a byte-level BPE tokenizer) draw a logit-lens heatmap (SVG) and
-# run a real `flexmodel capture` of every module, listing what it captured.
-#   bash run.sh [MODEL_DIR]
+# The main job, end to end. Installs what is missing and builds only what the
+# job needs (the libraries, the flexmodel tool and one example: about 9
+# minutes the first time on 2 cores, with progress; nothing on later runs).
+# Then:
+#   bash run.sh             trains a 2-layer GPT-2 on the spot (about a minute
+#                           on 2 cores) to continue repeated random sequences,
+#   bash run.sh MODEL_DIR   or takes a Hugging Face model folder,
+# runs `flexmodel capture` of every module and the attention probabilities on
+# held-out repeated sequences, and `flexmodel report`: which heads attend to
+# the previous token, to the first token, or from a repeated token to the one
+# after its earlier copy (induction), measured, printed, and drawn in one HTML
+# page with the logit lens and activation norms.
 # Environment: FLEXMODEL_BUILD (build folder, default ./build),
 # FLEXMODEL_SKIP_BUILD=1 (use that build as is), FLEXMODEL_DEMO_DIR (outputs,
-# default <build>/demo).
+# default <build>/demo), FLEXMODEL_TRAIN_SECONDS (training time limit, 110).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=${FLEXMODEL_BUILD:-$root/build}
+export FLEXMODEL_BUILD=$build
 if [ -z "${FLEXMODEL_SKIP_BUILD:-}" ]; then
-  bash "$root/scripts/build.sh" >/dev/null
+  bash "$root/scripts/build.sh" flexmodel train_induction_gpt2
 fi
 export OMP_WAIT_POLICY=PASSIVE
 work=${FLEXMODEL_DEMO_DIR:-$build/demo}
 mkdir -p "$work"
-model=${1:-$work/tiny-gpt2}
-prompt="the cat sat on the mat and the cat sat on"
 
-echo "== logit lens on $model"
-"$build/examples/logit_lens" ${1:+"$1"} --work "$work" --prompt "$prompt" --svg "$work/logit_lens.svg"
+if [ "$#" -eq 0 ]; then
+  model=$work/induction-gpt2
+  echo "== training a 2-layer GPT-2 on random token sequences repeated once (stops when it has learnt the copy)"
+  "$build/examples/train_induction_gpt2" --work "$work" --seconds "${FLEXMODEL_TRAIN_SECONDS:-110}"
+else
+  model=$1
+  echo "== held-out repeated random sequences for $model"
+  "$build/examples/train_induction_gpt2" "$model" --work "$work" --batch 2
+fi
 
-echo "== flexmodel capture --hook all"
-"$build/tools/flexmodel" capture "$model" --prompt "$prompt" --hook all \
-  --out "$work/capture.safetensors" --log-level info
+echo "== flexmodel capture: every module and the attention probabilities"
+"$build/tools/flexmodel" capture "$model" --input-ids "$work/repeated_ids.safetensors" \
+  --hook all --hook '*.hook_attn_probs' --out "$work/capture.safetensors"
 
-echo "== done: $work/capture.safetensors (activations), $work/logit_lens.svg (heatmap)"
+echo "== flexmodel report: what the heads do"
+"$build/tools/flexmodel" report "$work/capture.safetensors" --out "$work/report.html"
+echo "== done: open $work/report.html (activations: $work/capture.safetensors)"

@@ -5,6 +5,7 @@
 # so its ctest summary is the final line; any failure fails the script.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bash "$root/scripts/install-deps.sh" --tests
 bash "$root/scripts/build.sh"
 extra=0
 if [ "${FLEX_SKIP_SANITIZERS:-0}" != 1 ]; then

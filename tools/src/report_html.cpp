@@ -96,7 +96,7 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bot
 ul.findings li{margin:4px 0} table{border-collapse:collapse} td,th{padding:2px 6px;border:1px solid #e1e4e8;font-size:12px}
 th{background:#f6f8fa;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .lens td{font-family:ui-monospace,monospace;text-align:center;min-width:28px}
-.grid{display:grid;gap:6px;align-items:center} .grid canvas{border:1px solid #d0d7de;cursor:pointer;image-rendering:pixelated}
+.grid{display:grid;gap:6px;align-items:center;justify-content:start} .grid canvas{border:1px solid #d0d7de;cursor:pointer;image-rendering:pixelated}
 .grid canvas.sel{outline:3px solid #cf222e} .bar{background:#4078c0;height:10px;display:inline-block}
 .scroll{overflow-x:auto;max-width:100%} #attn-detail{border:1px solid #d0d7de;margin-top:10px}
 )";
@@ -114,7 +114,7 @@ function paint(ctx,l,h,x0,y0,cell){const n=l.positions,img=ctx.createImageData(n
   for(let dy=0;dy<cell;dy++)for(let dx=0;dx<cell;dx++){const o=((q*cell+dy)*n*cell+k*cell+dx)*4;img.data[o]=c[0];img.data[o+1]=c[1];img.data[o+2]=c[2];img.data[o+3]=255;}}
  ctx.putImageData(img,x0,y0);}
 const grid=document.getElementById('attn-grid'),maxH=Math.max(...layers.map(l=>l.heads));
-grid.style.gridTemplateColumns='90px repeat('+maxH+',auto)';
+grid.style.gridTemplateColumns='90px repeat('+maxH+',66px)';
 grid.appendChild(document.createElement('div'));
 for(let h=0;h<maxH;h++){const d=document.createElement('div');d.textContent='head '+h;d.style.fontSize='12px';grid.appendChild(d);}
 const detail=document.getElementById('attn-detail'),title=document.getElementById('attn-title');let selected=null;
