@@ -201,6 +201,46 @@ void add_findings(Report& r, double uniform) {
                                             "--hook '*.hook_attn_probs'.");
 }
 
+/// Every block output of `stream` (and the captured logits) through the
+/// final norm and unembedding of the model in r.model_dir, whose weights stay
+/// in the checkpoint (a "disk" map) but for the two modules used.
+void logit_lens(Report& r, const SafetensorsFile& f, const std::vector<std::pair<int64_t, std::string>>& stream,
+                const Tokenizer* tok, int64_t shown_row, int64_t P) {
+  PretrainedOptions po;
+  po.device_map_strategy = "disk";
+  auto model = from_pretrained(r.model_dir, po);
+  r.architecture = model->class_name();
+  auto norm = final_norm(*model);
+  auto head = model->output_embeddings();
+  at::NoGradGuard no_grad;
+  auto add_row = [&](const std::string& label, const at::Tensor& logits) {  // [P, V]
+    auto [p, top] = at::softmax(logits.to(at::kFloat), -1).max(-1);
+    LensRow row;
+    row.label = label;
+    for (int64_t t = 0; t < p.size(0); ++t) {
+      row.top_probs.push_back(p[t].item<double>());
+      row.top_tokens.push_back(token_label(tok, top[t].item<int64_t>()));
+    }
+    r.lens.push_back(std::move(row));
+  };
+  auto blocks = stream;
+  std::sort(blocks.begin(), blocks.end());
+  for (const auto& [index, n] : blocks) {
+    at::Tensor resid = f.get(n);
+    const int64_t row = std::min(shown_row, resid.size(0) - 1);
+    at::Tensor x = resid[row].narrow(0, 0, std::min(resid.size(1), P)).to(at::kFloat).unsqueeze(0).contiguous();
+    add_row("layer " + std::to_string(index), (*head)((*norm)(x))[0]);
+  }
+  if (f.contains("logits") && f.info("logits").shape.size() == 3) {
+    at::Tensor logits = f.get("logits");
+    const int64_t row = std::min(shown_row, logits.size(0) - 1);
+    add_row("output", logits[row].narrow(0, 0, std::min(logits.size(1), P)));
+  }
+  const std::string& first = blocks.front().second;
+  r.lens_note = "each block's output (" + first.substr(0, first.rfind('.')) +
+                ".N) through the model's final norm and unembedding; the last row is the model's own logits";
+}
+
 }  // namespace
 
 Report analyze(const Options& o) {
@@ -342,38 +382,13 @@ Report analyze(const Options& o) {
   } else if (r.model_dir.empty()) {
     r.lens_note = "no model folder to take the final norm and unembedding from (pass --model DIR)";
   } else {
-    PretrainedOptions po;
-    po.device_map_strategy = "disk";  // weights stay in the checkpoint; only the norm and head are read
-    auto model = from_pretrained(r.model_dir, po);
-    r.architecture = model->class_name();
-    auto norm = final_norm(*model);
-    auto head = model->output_embeddings();
-    auto blocks_sorted = *stream;
-    std::sort(blocks_sorted.begin(), blocks_sorted.end());
-    at::NoGradGuard no_grad;
-    auto add_row = [&](const std::string& label, const at::Tensor& logits) {  // [P, V]
-      auto [p, top] = at::softmax(logits.to(at::kFloat), -1).max(-1);
-      LensRow row;
-      row.label = label;
-      for (int64_t t = 0; t < p.size(0); ++t) {
-        row.top_probs.push_back(p[t].item<double>());
-        row.top_tokens.push_back(token_label(tok.get(), top[t].item<int64_t>()));
-      }
-      r.lens.push_back(std::move(row));
-    };
-    for (const auto& [index, n] : blocks_sorted) {
-      at::Tensor resid = f->get(n);
-      const int64_t row = std::min(o.row, resid.size(0) - 1);
-      at::Tensor x = resid[row].narrow(0, 0, std::min(resid.size(1), P)).to(at::kFloat).unsqueeze(0).contiguous();
-      add_row("layer " + std::to_string(index), (*head)((*norm)(x))[0]);
+    try {
+      logit_lens(r, *f, *stream, tok.get(), o.row, P);
+    } catch (const std::exception& e) {  // the rest of the report stands without it
+      r.lens.clear();
+      r.lens_note = "the model folder '" + r.model_dir + "' could not be read for the final norm and unembedding (" + e.what() + ")";
+      log(LogLevel::Warn, "report: no logit lens: " + r.lens_note);
     }
-    if (f->contains("logits") && f->info("logits").shape.size() == 3) {
-      at::Tensor logits = f->get("logits");
-      const int64_t row = std::min(o.row, logits.size(0) - 1);
-      add_row("output", logits[row].narrow(0, 0, std::min(logits.size(1), P)));
-    }
-    r.lens_note = "each block's output (" + stream->front().second.substr(0, stream->front().second.rfind('.')) +
-                  ".N) through the model's final norm and unembedding; the last row is the model's own logits";
   }
 
   add_findings(r, targets.defined() ? uniform_induction(targets) : 0.0);
