@@ -28,7 +28,7 @@
 
 namespace {
 
-int64_t kHalf = 24;  // held-out rows: [bos, x_1..x_kHalf, x_1..x_kHalf]; training rows as long
+constexpr int64_t kHalf = 24;  // every row: [bos, x_1..x_kHalf, x_1..x_kHalf]
 
 /// The token ids sequences are drawn from: the tiny tokenizer's letters and
 /// digits (readable labels), or for a real model a band of ordinary ids.
@@ -60,21 +60,6 @@ at::Tensor repeated_batch(int64_t B, const std::vector<int64_t>& alpha, std::opt
   return at::cat(parts, 1);
 }
 
-/// Training rows are held-out-like rows; `copyable` [B, T - 1] marks the
-/// positions whose next token continues the copy (its bigram occurred before).
-/// The copy always starts kHalf tokens later, so a head can also find it by
-/// position alone; the report's scores say which heads do it, not how.
-struct TrainBatch {
-  at::Tensor ids, copyable;
-};
-TrainBatch training_batch(int64_t B, const std::vector<int64_t>& alpha, int64_t bos, at::Generator& g) {
-  TrainBatch b{repeated_batch(B, alpha, bos, g), {}};
-  const int64_t T = b.ids.size(1);
-  b.copyable = at::zeros({B, T - 1}, at::kBool);
-  b.copyable.narrow(1, 1 + kHalf, T - 2 - kHalf).fill_(true);  // predicting copy tokens 2 .. kHalf
-  return b;
-}
-
 /// Mean next-token loss where `mask` [B, T - 1] is set.
 at::Tensor masked_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& mask) {
   const int64_t T = ids.size(1);
@@ -82,7 +67,7 @@ at::Tensor masked_loss(const at::Tensor& logits, const at::Tensor& ids, const at
   return nll.masked_select(mask).mean();
 }
 
-void train(const std::string& dir, int max_steps, double max_seconds, double opt_lr, int64_t batch) {
+void train(const std::string& dir, int max_steps, double max_seconds) {
   // Every step allocates and frees the same few MB; glibc would hand them back
   // to the kernel and page-fault them in again (a third of the step time).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
@@ -117,30 +102,35 @@ void train(const std::string& dir, int max_steps, double max_seconds, double opt
     params.push_back(t);
   }
   for (auto& t : params) t.requires_grad_(true);
-  flex_examples::Adam adam(params, opt_lr);
+  flex_examples::Adam adam(params, 3e-3);
+
+  // Training rows are like the held-out ones. The copy always starts kHalf
+  // tokens later, so a head can also find it by position alone; the report's
+  // scores say which heads do it, not how. `second` [B, T - 1] marks the
+  // positions whose next token continues the copy (predicting copy tokens 2 .. kHalf).
+  const int64_t B = 32, T = 1 + 2 * kHalf;
+  const at::Tensor second = at::zeros({B, T - 1}, at::kBool).index_fill_(1, at::arange(1 + kHalf, T - 1), true);
+  const at::Tensor first = second.logical_not();
 
   at::Generator gen = flex::make_cpu_generator(1234);
   const auto start = std::chrono::steady_clock::now();
   const double chance = std::log(static_cast<double>(alpha.size()));
   int step = 0;
-  double fresh = 0, repeated = 0;
   for (; step < max_steps; ++step) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (elapsed > max_seconds) break;
-    const TrainBatch b = training_batch(batch, alpha, *bos, gen);
-    at::Tensor logits = model->logits(b.ids);
-    at::Tensor loss = masked_loss(logits, b.ids, b.copyable.logical_not()) +
-                      masked_loss(logits, b.ids, b.copyable);  // the copies count as much as the rest
-    loss.backward();
+    const at::Tensor ids = repeated_batch(B, alpha, bos, gen);
+    const at::Tensor logits = model->logits(ids);
+    // The two parts weigh the same in the loss.
+    const at::Tensor loss_first = masked_loss(logits, ids, first), loss_second = masked_loss(logits, ids, second);
+    (loss_first + loss_second).backward();
     adam.step();
     if (step % 250 == 0 || step + 1 == max_steps) {
-      at::NoGradGuard ng;
-      fresh = masked_loss(logits, b.ids, b.copyable.logical_not()).item<double>();
-      repeated = masked_loss(logits, b.ids, b.copyable).item<double>();
+      const double l2 = loss_second.item<double>();
       std::printf("step %5d  %5.1f s  next-token loss: first copy %.2f, second copy %.2f  (chance %.2f)\n", step,
-                  elapsed, fresh, repeated, chance);
+                  elapsed, loss_first.item<double>(), l2, chance);
       std::fflush(stdout);
-      if (repeated < 0.02) {  // the induction mechanism has formed: the repeat is predicted
+      if (l2 < 0.02) {  // the model has learnt to predict the copy
         ++step;
         break;
       }
@@ -149,10 +139,7 @@ void train(const std::string& dir, int max_steps, double max_seconds, double opt
   std::printf("trained %d steps in %.1f s\n", step,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (auto& [name, t] : flex::state_dict(*model))
-    if (name != "lm_head.weight") tensors.emplace_back(name, t.detach().contiguous());
-  flex::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  flex_examples::save_gpt2_weights(dir, *model);
 }
 
 }  // namespace
@@ -162,14 +149,11 @@ int main(int argc, char** argv) {
     auto opt = flex_examples::parse_options(
         argc, argv, "train_induction_gpt2 [MODEL_DIR] [--work DIR] [--steps N] [--seconds S] [--batch B]");
     const bool tiny = opt.model_dir.empty();
-    if (opt.extra.count("--half")) kHalf = std::stoll(opt.extra["--half"]);
     std::string dir = opt.model_dir;
     if (tiny) {
       dir = opt.work + "/induction-gpt2";
       const double seconds = opt.extra.count("--seconds") ? std::stod(opt.extra["--seconds"]) : 110.0;
-      const double lr = opt.extra.count("--lr") ? std::stod(opt.extra["--lr"]) : 3e-3;
-      const int64_t train_batch = opt.extra.count("--train-batch") ? std::stoll(opt.extra["--train-batch"]) : 32;
-      train(dir, opt.steps > 0 ? opt.steps : 3000, seconds, lr, train_batch);
+      train(dir, opt.steps > 0 ? opt.steps : 3000, seconds);
       std::printf("wrote the trained model to %s\n", dir.c_str());
     }
     const auto cfg = flex::load_config(dir);

@@ -67,6 +67,15 @@ inline void write_byte_bpe_tokenizer(const std::string& dir) {
   std::ofstream(dir + "/merges.txt") << merges;
 }
 
+/// `model`'s weights as dir/model.safetensors, the tied lm_head.weight
+/// stored once (under transformer.wte.weight), as Hugging Face does.
+inline void save_gpt2_weights(const std::string& dir, flex::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto& [name, t] : flex::state_dict(model))
+    if (name != "lm_head.weight") tensors.emplace_back(name, t.detach().contiguous());
+  flex::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+}
+
 struct TinyGpt2Options {
   int n_layer = 4, n_embd = 64, n_head = 4, n_positions = 128;
   uint64_t seed = 0;
@@ -89,11 +98,7 @@ inline void write_tiny_gpt2(const std::string& dir, const TinyGpt2Options& o = {
   write_byte_bpe_tokenizer(dir);
 
   at::manual_seed(o.seed);
-  auto model = flex::build_causal_lm(flex::load_config(dir));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (auto& [name, t] : flex::state_dict(*model))
-    if (name != "lm_head.weight") tensors.emplace_back(name, t.detach().contiguous());  // tied: stored once, as HF does
-  flex::save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  save_gpt2_weights(dir, *flex::build_causal_lm(flex::load_config(dir)));
 }
 
 }  // namespace flex_examples

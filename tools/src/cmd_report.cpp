@@ -4,10 +4,8 @@
 #include "cli.h"
 #include "report.h"
 
-#include <flex/hooks/errors.h>
+#include <flex/dispatch/atomic_file.h>
 
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 
 namespace flex::cli {
@@ -54,16 +52,7 @@ int run_report(const std::vector<std::string>& argv) {
   require_writable_file(*out);
 
   const report::Report r = report::analyze(o);
-  const std::string html = report::render_html(r);
-  // Whole or nothing: a temp file renamed over the target.
-  const std::string tmp = *out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << html;
-    f.close();
-    if (!f) throw IOError("cannot write '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), out->c_str()) != 0) throw IOError("cannot rename '" + tmp + "' to '" + *out + "'");
+  write_file_atomic(*out, report::render_html(r));  // whole or nothing
   for (const auto& line : r.findings) std::cout << line << "\n";
   std::cout << "flexmodel: wrote " << *out << " (" << r.attention.size() << " attention layer(s), " << r.lens.size()
             << " logit-lens row(s), " << r.norms.size() << " activation norm(s), " << r.tensors.size() << " tensors)\n";

@@ -72,6 +72,9 @@ struct Report {
   std::vector<std::string> findings;  // sentences, most telling first
 };
 
+/// `v` with `digits` decimals ("0.57"), as the page and the findings print numbers.
+std::string fixed(double v, int digits = 2);
+
 /// Reads `options.capture` (FileFormatError / NotFoundError naming the file
 /// or tensor at fault) and computes every section it can.
 Report analyze(const Options& options);

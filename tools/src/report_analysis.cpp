@@ -46,6 +46,11 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
+/// A dotted name's component made of digits only ("3" in "transformer.h.3").
+bool is_number(const std::string& part) {
+  return !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
 /// "transformer.h.3.attn.attn_dropout" -> {"transformer.h.3", 3}; nullopt without a numeric component.
 std::optional<std::pair<std::string, int64_t>> layer_of(const std::string& name) {
   size_t start = 0;
@@ -53,7 +58,7 @@ std::optional<std::pair<std::string, int64_t>> layer_of(const std::string& name)
     size_t end = name.find('.', start);
     if (end == std::string::npos) end = name.size();
     const std::string part = name.substr(start, end - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    if (is_number(part))
       return std::make_pair(name.substr(0, end), static_cast<int64_t>(std::stoll(part)));
     start = end + 1;
   }
@@ -70,12 +75,6 @@ bool is_float(const TensorInfo& info) { return info.dtype != at::ScalarType::Und
 
 /// Captures that are a module's auxiliary outputs, not activations over tokens.
 bool is_auxiliary(const std::string& name) { return name.find('#') != std::string::npos; }
-
-std::string fixed(double v, int digits = 2) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 /// For each (row, position i): the position right after the most recent
 /// earlier occurrence j of token ids[i], when j + 1 < i; else -1.
@@ -243,6 +242,12 @@ void logit_lens(Report& r, const SafetensorsFile& f, const std::vector<std::pair
 
 }  // namespace
 
+std::string fixed(double v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 Report analyze(const Options& o) {
   Report r;
   r.capture = o.capture;
@@ -371,7 +376,7 @@ Report analyze(const Options& o) {
     const auto dot = n.rfind('.');
     if (dot == std::string::npos || !is_float(info) || info.shape.size() != 3 || (T && info.shape[1] != T)) continue;
     const std::string last = n.substr(dot + 1);
-    if (last.empty() || !std::all_of(last.begin(), last.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) continue;
+    if (!is_number(last)) continue;
     blocks[n.substr(0, dot)].emplace_back(std::stoll(last), n);
   }
   const std::vector<std::pair<int64_t, std::string>>* stream = nullptr;

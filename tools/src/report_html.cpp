@@ -56,12 +56,6 @@ std::string base64(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
-std::string fixed(double v, int digits = 2) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
   double v = static_cast<double>(b);
