@@ -56,6 +56,17 @@ TEST_P(CliCapture, BlocksOnDiskWithOffloadFolderReproduceGolden) {
   expect_matches_golden(tmp.str("cap.safetensors"), GetParam());
 }
 
+// --batch-size auto: the whole batch fits here, so the capture is the
+// golden one (and it says which size it took).
+TEST(CliCaptureAuto, AutoBatchSizeReproducesGolden) {
+  flex_test::TempDir tmp;
+  auto r = run({"capture", flex_test::fixture("models/gpt2"), "--input-ids", kInputs, "--hook", "all", "--out",
+                tmp.str("cap.safetensors"), "--batch-size", "auto", "--log-level", "info"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_matches_golden(tmp.str("cap.safetensors"), "gpt2");
+  EXPECT_NE(r.err.find("--batch-size auto: "), std::string::npos) << r.err;
+}
+
 TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
   flex_test::TempDir tmp;
   const std::string hook = GetParam() == "gpt2"       ? "transformer.h.1.mlp"

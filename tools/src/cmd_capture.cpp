@@ -3,6 +3,7 @@
 // --stream-dir, to StreamingSink shards for captures larger than memory).
 #include "cli.h"
 
+#include <flex/dispatch/batch_size.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/flexcore/streaming_sink.h>
@@ -31,7 +32,8 @@ const std::vector<Flag>& capture_flags() {
         {"--hook", "NAME", "module to capture ('all': every named module except the root and hook_* points; a pattern "
                             "with * or ? selects every matching name, hook points included: '*.hook_attn_probs')", true},
         {"--out", "FILE.safetensors", "output: one tensor per hook, plus input_ids and logits"},
-        {"--batch-size", "N", "rows per forward (default: the whole batch); outputs are concatenated on dim 0"},
+        {"--batch-size", "N|auto", "rows per forward (default: the whole batch; auto: the largest that fits in memory, "
+                                   "halving from the whole batch); outputs are concatenated on dim 0"},
         {"--stream-dir", "DIR", "stream captures to StreamingSink shards in DIR (resumes an interrupted run)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
@@ -122,8 +124,11 @@ int run_capture(const std::vector<std::string>& argv) {
   if (hooks_given.empty()) throw UsageError("give at least one --hook NAME (or --hook all)");
   const auto out = args.get("--out");
   if (!out) throw UsageError("missing --out FILE.safetensors");
-  const int64_t batch_size = args.get_int("--batch-size").value_or(0);
-  if (args.has("--batch-size") && batch_size < 1) throw UsageError("option --batch-size must be at least 1");
+  const bool auto_batch = args.get("--batch-size") == std::optional<std::string>("auto");
+  const int64_t batch_size = auto_batch ? 0 : args.get_int("--batch-size").value_or(0);
+  if (args.has("--batch-size") && !auto_batch && batch_size < 1) throw UsageError("option --batch-size must be at least 1 (or auto)");
+  if (auto_batch && ranks.mesh)
+    throw UsageError("--batch-size auto runs in one process only (an out-of-memory failure on one rank would leave the others waiting)");
   const at::ScalarType out_dtype = args.get("--dtype") ? parse_dtype(*args.get("--dtype")) : at::kFloat;
   if (ranks.writer()) require_writable_file(*out);  // fail before any work
   require_model_dir(dir);
@@ -150,6 +155,25 @@ int run_capture(const std::vector<std::string>& argv) {
   if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());  // whole activations on rank 0
   for (const auto& n : names) fm.register_forward_hook(std::make_shared<HookFunction>(n));  // unknown: NotFoundError with close names
 
+  const int64_t rows = all.input_ids.size(0);
+  int64_t bs = batch_size > 0 ? std::min(batch_size, rows) : rows;
+  if (auto_batch) {
+    // Accelerate's find_executable_batch_size on the first rows (before any
+    // sink sees a forward): the whole batch, then half, ... until one fits.
+    at::NoGradGuard no_grad;
+    bs = find_executable_batch_size(
+        [&](int64_t b) {
+          LMInputs in;
+          in.input_ids = all.input_ids.narrow(0, 0, b);
+          if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, 0, b);
+          fm.forward(in.to_inputs());
+          fm.clear();
+          return b;
+        },
+        rows);
+    log(LogLevel::Info, "--batch-size auto: " + std::to_string(bs) + " row(s) per forward");
+  }
+
   std::shared_ptr<StreamWriter> stream;
   HookHandle root_hook;
   if (auto sd = args.get("--stream-dir"); sd && ranks.writer()) {
@@ -162,8 +186,6 @@ int run_capture(const std::vector<std::string>& argv) {
     });
   }
 
-  const int64_t rows = all.input_ids.size(0);
-  const int64_t bs = batch_size > 0 ? std::min(batch_size, rows) : rows;
   const int64_t nbatches = (rows + bs - 1) / bs;
   // Rank 0 decides where a resumed stream continues; the others follow.
   int64_t skip = stream ? std::min(stream->sink().forwards_done(), nbatches) : 0;
