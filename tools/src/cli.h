@@ -71,18 +71,26 @@ LogLevel log_level();
 /// One line on stderr when `level` is enabled.
 void log(LogLevel level, const std::string& message);
 
-/// A progress bar on stderr, drawn only when stderr is a terminal.
+/// A progress bar on stderr, drawn only when stderr is a terminal. With a
+/// unit ("tokens") it also shows the rate and an ETA, and where stderr is not
+/// a terminal it prints the same as a line every 10 seconds.
 class Progress {
  public:
-  Progress(std::string what, int64_t total);
+  /// total <= 0: unknown (set() gives the fraction done).
+  Progress(std::string what, int64_t total, std::string unit = "");
   ~Progress();
   void step(int64_t n = 1);
+  /// `done` units so far; `fraction` of the whole work (0..1) for the bar and the ETA.
+  void set(int64_t done, double fraction);
 
  private:
-  void draw() const;
-  std::string what_;
-  int64_t total_, done_ = 0;
-  bool on_;
+  void draw();
+  std::string text() const;
+  std::string what_, unit_;
+  int64_t total_, done_ = 0, start_done_ = -1;
+  double fraction_ = 0, start_fraction_ = 0;
+  bool on_, lines_;
+  double started_, last_line_;
 };
 
 // --- shared option parsing ----------------------------------------------------------
@@ -150,6 +158,8 @@ std::vector<std::string> all_hook_names(Module& model);
 // --- subcommands (each returns the exit code) ---------------------------------------
 int run_inspect(const std::vector<std::string>& argv);
 int run_capture(const std::vector<std::string>& argv);
+/// capture --dataset (cmd_capture_dataset.cpp), after run_capture parsed the flags.
+int run_capture_dataset(const Args& args, const std::string& model_dir, const Ranks& ranks);
 int run_generate(const std::vector<std::string>& argv);
 int run_convert(const std::vector<std::string>& argv);
 int run_report(const std::vector<std::string>& argv);

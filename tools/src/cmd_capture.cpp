@@ -34,7 +34,20 @@ const std::vector<Flag>& capture_flags() {
         {"--out", "FILE.safetensors", "output: one tensor per hook, plus input_ids and logits"},
         {"--batch-size", "N|auto", "rows per forward (default: the whole batch; auto: the largest that fits in memory, "
                                    "halving from the whole batch); outputs are concatenated on dim 0"},
-        {"--stream-dir", "DIR", "stream captures to StreamingSink shards in DIR (resumes an interrupted run)"},
+        {"--stream-dir", "DIR", "stream captures to StreamingSink shards in DIR (resumes an interrupted run); "
+                                "with --dataset: the activation dataset's directory"},
+        {"--dataset", "FILE", "capture a corpus: text (one document per line), JSON Lines (.jsonl, or --text-field), "
+                              "or token ids (.safetensors input_ids [tokens] or [documents, tokens]); needs "
+                              "--context-len and --stream-dir"},
+        {"--text-field", "NAME", "--dataset is JSON Lines with the document in this field (default for .jsonl: text)"},
+        {"--context-len", "N", "--dataset: tokens per context (documents are concatenated, then cut)"},
+        {"--max-tokens", "M", "--dataset: stop after M tokens (rounded up to whole contexts)"},
+        {"--positions", "all|random:K", "--dataset: store every position (default) or K random ones per context"},
+        {"--exclude-bos", "", "--dataset: leave out the BOS tokens"},
+        {"--seed", "N", "--dataset: seed of --positions random:K (default 0)"},
+        {"--shard-size", "SIZE", "--dataset: bytes per shard (default 256MB)"},
+        {"--store-dtype", "f32|bf16|f16", "--dataset: storage dtype of the activations (default: --dtype's); the model "
+                                         "still computes in --dtype"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
     for (auto& l : loading_flags()) f.push_back(l);
@@ -106,18 +119,30 @@ int run_capture(const std::vector<std::string>& argv) {
   if (args.help()) {
     std::cout << usage_text("capture",
                             "MODEL_DIR (--prompt TEXT ... | --prompts-file FILE | --input-ids FILE.safetensors)\n"
-                            "                          --hook NAME [--hook NAME ...] --out FILE.safetensors [options]",
+                            "                          --hook NAME [--hook NAME ...] --out FILE.safetensors [options]\n"
+                            "       flexmodel capture MODEL_DIR --dataset FILE --context-len N --hook NAME ... --stream-dir DIR\n"
+                            "                          [--max-tokens M] [--batch-size B|auto] [--positions all|random:K]\n"
+                            "                          [--exclude-bos] [--store-dtype f32|bf16|f16] [options]",
                             capture_flags(),
                             "Runs the batch through the model with a FlexModel forward hook on every --hook and\n"
                             "writes one tensor per hooked module, named as the module (tuple outputs: element 0;\n"
                             "a module called k times per forward also gives NAME@1 .. NAME@k-1), plus input_ids\n"
                             "and logits (and attention_mask when prompts were padded). Floating tensors are\n"
-                            "float32 unless --dtype says otherwise. Batches are concatenated along dim 0.");
+                            "float32 unless --dtype says otherwise. Batches are concatenated along dim 0.\n\n"
+                            "With --dataset, the corpus is tokenized (BOS per document when the tokenizer has one),\n"
+                            "packed into contexts of --context-len tokens and run in batches (default 8 contexts);\n"
+                            "each hook's per-token activations go to shards in --stream-dir with the token ids and\n"
+                            "(document, position) of every token (layout: README, 'Activation datasets'). Run it\n"
+                            "again on the same directory to resume after an interruption.");
     return 0;
   }
   set_log_level(args.get("--log-level"));
   const std::string dir = args.one_positional("MODEL_DIR");
   const Ranks ranks = parallel_setup(args);
+  if (args.has("--dataset")) return run_capture_dataset(args, dir, ranks);
+  for (const char* f : {"--text-field", "--context-len", "--max-tokens", "--positions", "--exclude-bos", "--seed", "--shard-size",
+                        "--store-dtype"})
+    if (args.has(f)) throw UsageError(std::string(f) + " goes with --dataset");
   const int sources = args.has("--prompt") + args.has("--prompts-file") + args.has("--input-ids");
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompts-file or --input-ids");
   const auto hooks_given = args.all("--hook");

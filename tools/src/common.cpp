@@ -11,6 +11,9 @@
 #include <fnmatch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -51,8 +54,25 @@ void log(LogLevel level, const std::string& message) {
 }
 
 // --- progress ----------------------------------------------------------------------
-Progress::Progress(std::string what, int64_t total)
-    : what_(std::move(what)), total_(total), on_(g_rank == 0 && isatty(STDERR_FILENO) && g_level >= LogLevel::Warn) {
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+std::string duration_text(double s) {
+  const long long t = static_cast<long long>(s + 0.5);
+  char buf[48];
+  if (t >= 3600) std::snprintf(buf, sizeof(buf), "%lldh%02lldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%lldm%02llds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof(buf), "%llds", t);
+  return buf;
+}
+}  // namespace
+
+Progress::Progress(std::string what, int64_t total, std::string unit)
+    : what_(std::move(what)), unit_(std::move(unit)), total_(total),
+      on_(g_rank == 0 && isatty(STDERR_FILENO) && g_level >= LogLevel::Warn),
+      lines_(g_rank == 0 && !on_ && !unit_.empty() && g_level >= LogLevel::Warn),
+      started_(now_seconds()), last_line_(started_) {
   if (on_) draw();
 }
 
@@ -62,14 +82,49 @@ Progress::~Progress() {
 
 void Progress::step(int64_t n) {
   done_ += n;
-  if (on_) draw();
+  fraction_ = total_ > 0 ? double(done_) / double(total_) : 0;
+  draw();
 }
 
-void Progress::draw() const {
+void Progress::set(int64_t done, double fraction) {
+  if (start_done_ < 0) {  // the first report: a resumed run measures its rate from here
+    start_done_ = done_;
+    start_fraction_ = fraction_;
+  }
+  done_ = done;
+  fraction_ = std::clamp(fraction, 0.0, 1.0);
+  draw();
+}
+
+std::string Progress::text() const {
+  std::ostringstream os;
   const int width = 30;
-  const int64_t filled = total_ > 0 ? done_ * width / total_ : width;
-  std::cerr << "\r" << what_ << " [" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << done_
-            << "/" << total_ << std::flush;
+  const int64_t filled = static_cast<int64_t>(fraction_ * width);
+  os << what_ << " [" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << done_;
+  if (total_ > 0) os << "/" << total_;
+  if (!unit_.empty()) {
+    os << " " << unit_;
+    const double elapsed = now_seconds() - started_;
+    const int64_t base = std::max<int64_t>(start_done_, 0);
+    if (elapsed > 0.5 && done_ > base) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), ", %.0f %s/s", double(done_ - base) / elapsed, unit_.c_str());
+      os << buf;
+      const double progressed = fraction_ - start_fraction_;
+      if (progressed > 0 && fraction_ < 1) os << ", ETA " << duration_text(elapsed * (1 - fraction_) / progressed);
+    }
+  }
+  return os.str();
+}
+
+void Progress::draw() {
+  if (on_) {
+    std::cerr << "\r" << text() << "\033[K" << std::flush;
+  } else if (lines_ && now_seconds() - last_line_ >= 10) {
+    last_line_ = now_seconds();
+    const std::string line = "flexmodel: " + text() + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  }
 }
 
 // --- parsing -----------------------------------------------------------------------
