@@ -418,3 +418,53 @@ TEST(ActivationLoader, InOrderAndShuffledVisitEveryTokenOnce) {
   EXPECT_TRUE(at::equal(s1, s1b)) << "same seed, same order";
   EXPECT_FALSE(at::equal(s1, s2));
 }
+
+// --- every architecture ------------------------------------------------------------------
+
+TEST(CliDataset, EveryFixtureArchitectureEqualsItsInputIdsCapture) {
+  // Dense and mixture-of-experts models: a block's output (and a router's
+  // logits, [B*T, experts]) stored per token equal `capture --input-ids` of
+  // the same contexts, bitwise.
+  struct Arch {
+    std::string model;
+    std::vector<std::string> hooks;
+  } archs[] = {
+      {"gpt2", {"transformer.h.1"}},
+      {"gpt-neox", {"gpt_neox.layers.0"}},
+      {"llama", {"model.layers.1"}},
+      {"gemma2", {"model.layers.0"}},
+      {"phi3", {"model.layers.0.mlp"}},
+      {"olmo2", {"model.layers.0"}},
+      {"qwen2", {"model.layers.0"}},
+      {"mixtral", {"model.layers.0", "model.layers.0.block_sparse_moe.gate"}},
+      {"qwen2_moe", {"model.layers.0.mlp.gate", "model.layers.1"}},
+  };
+  flex_test::TempDir tmp;
+  at::manual_seed(3);
+  const at::Tensor stream = at::randint(0, 256, {6 * 12}, at::kLong);
+  flex::save_safetensors(tmp.str("ids.safetensors"), {{"input_ids", stream}});
+  for (const auto& a : archs) {
+    const std::string model = flex_test::fixture("models/" + a.model), out = tmp.str("acts-" + a.model);
+    std::vector<std::string> args = {"capture", model, "--dataset", tmp.str("ids.safetensors"), "--context-len", "12",
+                                     "--batch-size", "3", "--stream-dir", out};
+    std::vector<std::string> ref_args = {"capture", model, "--input-ids", tmp.str("ctx.safetensors"), "--batch-size",
+                                         "3", "--out", tmp.str("ref.safetensors")};
+    for (const auto& h : a.hooks) {
+      args.insert(args.end(), {"--hook", h});
+      ref_args.insert(ref_args.end(), {"--hook", h});
+    }
+    auto r = run(args);
+    ASSERT_EQ(r.code, 0) << a.model << ": " << r.err;
+    flex::save_safetensors(tmp.str("ctx.safetensors"), {{"input_ids", stream.reshape({6, 12})}});
+    r = run(ref_args);
+    ASSERT_EQ(r.code, 0) << a.model << ": " << r.err;
+    auto got = read_all(out);
+    auto ref = flex::SafetensorsFile::open(tmp.str("ref.safetensors"));
+    EXPECT_TRUE(at::equal(got["token_ids"], stream)) << a.model;
+    for (const auto& h : a.hooks) {
+      at::Tensor want = ref->get(h);
+      want = want.reshape({72, want.numel() / 72});
+      EXPECT_TRUE(bitwise_equal(got[h].reshape({72, -1}), want)) << a.model << " " << h;
+    }
+  }
+}

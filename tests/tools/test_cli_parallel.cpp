@@ -8,6 +8,7 @@
 #include "golden_capture.h"
 #include "hf_folder.h"
 
+#include <flex/datasets/activation_shards.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/streaming_sink.h>
 
@@ -141,6 +142,38 @@ TEST(CliParallel, StreamDirUnderTensorAndPipelineParallel) {
   flex::CaptureReader reader(tmp.str("stream"));
   for (const char* n : {"transformer.h.1.attn.c_attn", "transformer.h.0.mlp.c_proj", "lm_head", "transformer"})
     EXPECT_TRUE(models_test::close(at::cat(reader.all(n), 0), ref->get(n), std::string("streamed ") + n));
+}
+
+TEST(CliParallel, DatasetCaptureEqualsTheSingleProcessRun) {
+  // A token-id corpus through the data- and tensor-parallel model: rank 0
+  // writes the same dataset as one process (indices exactly, activations to
+  // the parallel forward's rounding).
+  flex_test::TempDir tmp;
+  flex::save_safetensors(tmp.str("ids.safetensors"), {{"input_ids", at::randint(0, 255, {8, 40}, at::kLong)}});
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"capture", flex_test::fixture("models/gpt2"), "--dataset", tmp.str("ids.safetensors"),
+                                    "--context-len", "16", "--batch-size", "4", "--hook", "transformer.h.1",
+                                    "--hook", "transformer.h.0.mlp", "--stream-dir", out, "--shard-size", "8KB"};
+  };
+  auto r = cli_test::run(args(tmp.str("single")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  flex::ActivationDataset want(tmp.str("single"));
+  for (const auto& mesh : {std::vector<std::string>{"--dp", "2"}, std::vector<std::string>{"--tp", "2"}}) {
+    auto a = args(tmp.str("par" + mesh[0]));
+    a.insert(a.end(), mesh.begin(), mesh.end());
+    r = mpirun(2, a);
+    ASSERT_EQ(r.code, 0) << mesh[0] << ": " << r.err;
+    flex::ActivationDataset got(tmp.str("par" + mesh[0]));
+    ASSERT_EQ(got.num_tokens(), want.num_tokens()) << mesh[0];
+    ASSERT_EQ(got.num_shards(), want.num_shards()) << mesh[0];
+    for (size_t s = 0; s < want.num_shards(); ++s) {
+      auto g = got.shard(s), w = want.shard(s);
+      EXPECT_TRUE(at::equal(g.token_ids, w.token_ids) && at::equal(g.document, w.document) &&
+                  at::equal(g.position, w.position) && at::equal(g.context, w.context));
+      for (const auto& [hook, t] : w.activations)
+        EXPECT_TRUE(models_test::close(g.activations.at(hook), t, mesh[0] + " " + hook));
+    }
+  }
 }
 
 TEST(CliParallel, GreedyAndSteeredGenerationEqualTheSingleProcessRun) {

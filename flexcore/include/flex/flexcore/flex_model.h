@@ -46,6 +46,7 @@
 #include <flex/flexcore/hook_function.h>
 #include <flex/flexcore/parallel_router.h>
 
+#include <map>
 #include <memory>
 #include <regex>
 #include <set>
@@ -141,6 +142,15 @@ class FlexModel {
   OutputMap& output() { return *output_; }
   const std::shared_ptr<OutputMap>& output_ptr() const { return output_; }
   void clear() { output_->clear(); }
+  /// Forward and forward-pre captures of CPU tensors are kept by reference,
+  /// not copied: a hook's first capture is also copied, and if the model
+  /// changed the tensor in place before the forward ended (libtorch's version
+  /// counter says so) that copy is kept and the hook's captures are copied
+  /// from then on; otherwise later captures are references. A tensor changed
+  /// in place after the first forward had shown it unchanged is a
+  /// ConfigError naming the module, never a silently wrong capture. false:
+  /// copy every capture (as under a mesh, on a GPU, or with an editing function).
+  void set_capture_by_reference(bool on) { by_reference_on_ = on; }
   /// Sends captures to `sink` instead of the output map (null restores the map).
   void set_sink(std::shared_ptr<ActivationSink> sink);
   /// Installs the router (null: single process). A ParallelRouter makes the
@@ -188,6 +198,9 @@ class FlexModel {
   bool distributed() const;
   void broadcast_trainable(const std::string& name, torch::nn::Module& module);
   std::string capture_key(const HookFunction& hook) const;
+  // Hands the captures held during a forward to the sink, after checking
+  // that none of the references was changed in place.
+  void flush_held_captures();
 
   std::shared_ptr<Module> module_;
   std::shared_ptr<OutputMap> output_;
@@ -199,6 +212,11 @@ class FlexModel {
   std::vector<std::shared_ptr<Entry>> entries_;
   std::set<std::string> known_groups_{"all"};  // every group ever named; others are typos
   int64_t forward_count_ = 0;
+  // Captures by reference (set_capture_by_reference).
+  struct HeldCapture;
+  std::vector<HeldCapture> held_;             // this forward's, in capture order
+  std::map<std::string, bool> by_reference_;  // key -> unchanged so far (absent: not seen yet)
+  bool by_reference_on_ = true, in_forward_ = false;
 };
 
 }  // namespace flex
