@@ -1,4 +1,6 @@
 #include "flex/dispatch/checkpoint.h"
+#include "flex/dispatch/constants.h"
+#include "flex/dispatch/device_map.h"
 
 #include "flex/dispatch/atomic_file.h"
 #include "flex/dispatch/safetensors.h"
@@ -77,7 +79,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::string resolve_folder(const fs::path& dir) {
-  for (const char* name : {"pytorch_model.bin", "model.safetensors"})
+  for (const char* name : {WEIGHTS_NAME, SAFE_WEIGHTS_NAME})
     if (std::error_code ec; fs::is_regular_file(dir / name, ec)) return (dir / name).string();
   std::vector<std::string> indexes;
   for (const auto& e : fs::directory_iterator(dir))
@@ -241,6 +243,24 @@ bool Checkpoint::is_safetensors() const {
   for (const auto& s : impl_->shards)
     if (!s.st) return false;
   return true;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_state_dict(const std::string& checkpoint_file,
+                                                                const DeviceMap* device_map) {
+  const Checkpoint ck = Checkpoint::open(checkpoint_file);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& key : ck.keys()) {
+    at::Tensor t = ck.get(key);
+    if (device_map) {
+      const auto d = device_map->device_of(key);
+      if (!d)
+        throw DeviceMapError("load_state_dict(" + ck.source() + "): the device map places no module holding '" + key +
+                             "'");
+      if (d->is_gpu()) t = t.to(d->torch_device());
+    }
+    out.emplace_back(key, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace flex

@@ -1,4 +1,5 @@
 #include "flex/dispatch/sharded_writer.h"
+#include "flex/dispatch/constants.h"
 
 #include "flex/dispatch/atomic_file.h"
 #include "flex/dispatch/safetensors.h"
@@ -49,6 +50,34 @@ std::vector<std::vector<size_t>> plan_shards(const std::vector<std::pair<std::st
   return shards;
 }
 
+CheckpointShards shard_checkpoint(const std::vector<std::pair<std::string, at::Tensor>>& state_dict,
+                                  uint64_t max_shard_size_bytes, const std::string& weights_name) {
+  uint64_t total = 0;
+  const auto plan = plan_shards(state_dict, max_shard_size_bytes, &total);
+  CheckpointShards out;
+  if (plan.size() <= 1) {
+    out.shards[weights_name] = state_dict;
+    return out;
+  }
+  // "model.safetensors" -> "model" + "-00001-of-00003" + ".safetensors"
+  const size_t dot = weights_name.find('.');
+  const std::string stem = weights_name.substr(0, dot), ext = dot == std::string::npos ? "" : weights_name.substr(dot);
+  std::map<std::string, std::string> weight_map;
+  for (size_t s = 0; s < plan.size(); ++s) {
+    char mid[48];
+    std::snprintf(mid, sizeof mid, "-%05zu-of-%05zu", s + 1, plan.size());
+    const std::string name = stem + mid + ext;
+    auto& shard = out.shards[name];
+    for (size_t i : plan[s]) {
+      shard.push_back(state_dict[i]);
+      weight_map[state_dict[i].first] = name;
+    }
+  }
+  out.index["metadata"]["total_size"] = total;
+  out.index["weight_map"] = weight_map;
+  return out;
+}
+
 ShardedCheckpoint save_sharded_safetensors(const std::string& dir,
                                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                            uint64_t max_shard_size_bytes,
@@ -60,10 +89,10 @@ ShardedCheckpoint save_sharded_safetensors(const std::string& dir,
   if (ec) throw IOError("cannot create checkpoint folder " + dir + ": " + ec.message());
   fs::path root = fs::absolute(dir);
   if (plan.size() <= 1) {
-    std::string path = (root / "model.safetensors").string();
+    std::string path = (root / SAFE_WEIGHTS_NAME).string();
     save_safetensors(path, tensors, metadata);
     out.files.push_back(path);
-    for (const auto& kv : tensors) out.weight_map[kv.first] = "model.safetensors";
+    for (const auto& kv : tensors) out.weight_map[kv.first] = SAFE_WEIGHTS_NAME;
     return out;
   }
   const size_t n = plan.size();
@@ -82,7 +111,7 @@ ShardedCheckpoint save_sharded_safetensors(const std::string& dir,
   nlohmann::json index;  // std::map-backed: keys sorted, as sort_keys=True
   index["metadata"]["total_size"] = out.total_size;
   index["weight_map"] = out.weight_map;
-  out.index_path = (root / "model.safetensors.index.json").string();
+  out.index_path = (root / SAFE_WEIGHTS_INDEX_NAME).string();
   write_file_atomic(out.index_path, index.dump(2, ' ', true) + "\n");
   return out;
 }

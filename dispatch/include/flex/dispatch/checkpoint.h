@@ -47,6 +47,17 @@ class Checkpoint {
   std::shared_ptr<Impl> impl_;
 };
 
+class DeviceMap;
+
+/// Accelerate's load_state_dict: every tensor of a checkpoint (a file, an
+/// index, or a folder, resolved as Checkpoint::open), in sorted name order.
+/// Without a device map they stay on the CPU (safetensors: views of the
+/// mapping); with one, each goes to the device of its closest mapped module
+/// ("disk" loads to the CPU, as upstream). DeviceMapError naming the tensor
+/// when the map covers it with no entry.
+std::vector<std::pair<std::string, at::Tensor>> load_state_dict(const std::string& checkpoint_file,
+                                                                const DeviceMap* device_map = nullptr);
+
 /// Reads a torch.save (zip) file holding a flat dict of tensors, in file
 /// order, like torch.load(weights_only=True): only tensors, typed storages,
 /// OrderedDict and Parameter rebuilds are accepted; anything else gives
