@@ -468,3 +468,29 @@ TEST(CliDataset, EveryFixtureArchitectureEqualsItsInputIdsCapture) {
     }
   }
 }
+
+TEST(CliDataset, OffloadedToDiskGivesTheSameDataset) {
+  // Half the model's bytes on the CPU, the rest on disk (auto map): the
+  // weights are the same, so the activations are bitwise the same.
+  flex_test::TempDir tmp;
+  const std::string model = flex_test::fixture("models/llama");
+  at::manual_seed(5);
+  flex::save_safetensors(tmp.str("ids.safetensors"), {{"input_ids", at::randint(0, 256, {4, 30}, at::kLong)}});
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"capture", model, "--dataset", tmp.str("ids.safetensors"), "--context-len", "10",
+                                    "--hook", "model.layers.1", "--hook", "model.layers.0.mlp", "--stream-dir", out};
+  };
+  auto r = run(args(tmp.str("plain")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  int64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(model))
+    if (e.path().extension() == ".safetensors") bytes += static_cast<int64_t>(fs::file_size(e.path()));
+  auto a = args(tmp.str("offloaded"));
+  a.insert(a.end(), {"--device-map", "auto", "--max-memory", "cpu=" + std::to_string(bytes / 2), "--offload-folder",
+                     tmp.str("off")});
+  r = run(a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_FALSE(fs::is_empty(tmp.str("off"))) << "some weights should be on disk";
+  auto want = read_all(tmp.str("plain")), got = read_all(tmp.str("offloaded"));
+  for (const auto& [k, t] : want) EXPECT_TRUE(bitwise_equal(got[k], t)) << k;
+}
