@@ -55,7 +55,8 @@ class DocumentSource {
  public:
   virtual ~DocumentSource() = default;
   virtual std::optional<Document> next() = 0;
-  virtual double fraction() const = 0;
+  /// Share of the corpus before token `used` of the document last returned.
+  virtual double fraction(int64_t used, int64_t doc_tokens) const = 0;
 };
 
 /// Text lines or JSON Lines, tokenized and framed with BOS / EOS.
@@ -92,6 +93,7 @@ class LineSource : public DocumentSource {
       Document d;
       d.index = index_++;
       d.byte_offset = at;
+      doc_start_ = at;
       const std::string text = json_ ? field_of(line, d) : line;
       if (auto bos = tok_->bos_id()) d.tokens.push_back(*bos);
       const auto ids = tok_->encode(text, /*add_special_tokens=*/false);
@@ -103,7 +105,12 @@ class LineSource : public DocumentSource {
     }
   }
 
-  double fraction() const override { return size_ > 0 ? double(offset_) / double(size_) : 1.0; }
+  double fraction(int64_t used, int64_t doc_tokens) const override {
+    if (size_ <= 0) return 1.0;
+    // The document's line [doc_start_, offset_), read in proportion to its tokens.
+    const double within = doc_tokens > 0 ? double(used) / double(doc_tokens) : 1.0;
+    return (double(doc_start_) + within * double(offset_ - doc_start_)) / double(size_);
+  }
 
  private:
   std::string field_of(const std::string& line, const Document& d) const {
@@ -125,7 +132,7 @@ class LineSource : public DocumentSource {
   bool json_;
   std::shared_ptr<const Tokenizer> tok_;
   std::ifstream in_;
-  int64_t index_, offset_ = 0, size_ = 0;
+  int64_t index_, offset_ = 0, size_ = 0, doc_start_ = 0;
 };
 
 /// Rows of a safetensors "input_ids" tensor (a 1-D stream is one document).
@@ -155,7 +162,11 @@ class IdsSource : public DocumentSource {
     }
     return std::nullopt;
   }
-  double fraction() const override { return ids_.size(0) > 0 ? double(row_) / double(ids_.size(0)) : 1.0; }
+  double fraction(int64_t used, int64_t) const override {
+    // Rows have the same length: tokens before the current row, plus `used` of it.
+    const double total = double(ids_.numel());
+    return total > 0 ? (double(row_ - 1) * double(ids_.size(1)) + double(used)) / total : 1.0;
+  }
 
  private:
   at::Tensor ids_;
@@ -262,7 +273,8 @@ struct TokenContexts::Impl {
     b.document = as_tensor(docs);
     b.position = as_tensor(pos);
     b.next = cursor();
-    b.corpus_fraction = done ? 1.0 : source->fraction();
+    b.corpus_fraction =
+        done ? 1.0 : (doc ? source->fraction(used, static_cast<int64_t>(doc->tokens.size())) : 1.0);
     return b;
   }
 
