@@ -12,6 +12,7 @@
 #include <flex/flexcore/save.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
+#include <flex/parallel/operations.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -171,4 +172,20 @@ TEST(ExtractModelFromParallel, TheWrappedModuleWithOrWithoutHooks) {
   const at::Tensor y = (*bare)(flex::Inputs{flex::Value(x)}).toTensor();
   EXPECT_TRUE(at::equal(y, at::linear(x, lin->weight, lin->bias)));
   EXPECT_EQ(fm.output().count(""), 0u) << "hooks removed";
+}
+
+TEST(ConvertOutputsToFp32, HalfPrecisionLeavesOfTheResultBecomeFloat) {
+  auto forward = [](const at::Tensor& x) {
+    return flex::Value(c10::ivalue::Tuple::create(
+        {flex::Value(x.to(at::kHalf) * 2), flex::Value(x.to(at::kBFloat16)), flex::Value(at::arange(3))}));
+  };
+  auto wrapped = flex::convert_outputs_to_fp32(forward);
+  const at::Tensor x = at::randn({4});
+  const auto out = wrapped(x).toTupleRef().elements();
+  EXPECT_TRUE(at::equal(out[0].toTensor(), (x.to(at::kHalf) * 2).to(at::kFloat)));
+  EXPECT_TRUE(at::equal(out[1].toTensor(), x.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_EQ(out[2].toTensor().scalar_type(), at::kLong);
+  // A callable returning a bare tensor works too.
+  auto lin = flex::convert_outputs_to_fp32([](const at::Tensor& t) { return t.to(at::kHalf); });
+  EXPECT_EQ(lin(x).toTensor().scalar_type(), at::kFloat);
 }

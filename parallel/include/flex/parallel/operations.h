@@ -63,6 +63,15 @@ Value slice_tensors(const Value& data, int64_t start, int64_t stop);
 /// float16 / bfloat16 tensors as float32; the rest unchanged.
 Value convert_to_fp32(const Value& data);
 
+/// Accelerate's convert_outputs_to_fp32: `forward` (any callable returning a
+/// Value or a tensor) wrapped so that its result goes through convert_to_fp32.
+template <class Forward>
+auto convert_outputs_to_fp32(Forward forward) {
+  return [f = std::move(forward)](auto&&... args) -> Value {
+    return convert_to_fp32(Value(f(std::forward<decltype(args)>(args)...)));
+  };
+}
+
 /// The data as JSON: tensors as (nested) lists of numbers, tuples and lists
 /// as arrays, dicts as objects.
 nlohmann::json listify(const Value& data);
