@@ -67,6 +67,7 @@ struct ActivationShardWriter::State {
   std::deque<ActivationBatch> queue;
   bool closing = false;
   std::exception_ptr error;
+  bool error_delivered = false;  // add() rethrew it already: finish() stays quiet
   std::thread thread;
 
   // Writer thread only: the shard being filled.
@@ -285,7 +286,11 @@ void ActivationShardWriter::add(ActivationBatch b) {
     shapes.push_back(per);
   }
   std::unique_lock<std::mutex> lock(s.mu);
-  if (s.error) std::rethrow_exception(s.error);
+  auto deliver = [&] {
+    s.error_delivered = true;
+    std::rethrow_exception(s.error);
+  };
+  if (s.error) deliver();
   if (first) {
     s.shapes = shapes;  // the writer thread reads them only after this batch is queued
     lock.unlock();
@@ -293,7 +298,7 @@ void ActivationShardWriter::add(ActivationBatch b) {
     lock.lock();
   }
   s.cv.wait(lock, [&] { return static_cast<int64_t>(s.queue.size()) < s.o.queue_batches || s.error; });
-  if (s.error) std::rethrow_exception(s.error);
+  if (s.error) deliver();
   s.queue.push_back(std::move(b));
   s.cv.notify_all();
 }
@@ -308,10 +313,9 @@ void ActivationShardWriter::finish() {
     s.cv.notify_all();
     s.thread.join();
   }
-  if (s.error) {
-    auto e = s.error;
-    s.error = nullptr;
-    std::rethrow_exception(e);
+  if (s.error && !s.error_delivered) {
+    s.error_delivered = true;
+    std::rethrow_exception(s.error);
   }
 }
 
