@@ -1,5 +1,7 @@
 #include <flex/datasets/activation_shards.h>
 
+#include "shard_format.h"
+
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -13,23 +15,7 @@ namespace fs = std::filesystem;
 
 namespace flex {
 
-namespace activation_shards {
-std::string shard_file_name(int64_t i);
-}
-
-namespace {
-
-int64_t meta_int(const SafetensorsFile& f, const char* key) {
-  auto it = f.metadata().find(key);
-  if (it == f.metadata().end()) throw FileFormatError(f.path() + ": shard lacks metadata '" + key + "'");
-  try {
-    return std::stoll(it->second);
-  } catch (const std::exception&) {
-    throw FileFormatError(f.path() + ": metadata '" + key + "' is not a number: " + it->second);
-  }
-}
-
-}  // namespace
+using activation_shards::meta_int;
 
 ActivationDataset::ActivationDataset(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) throw IOError(dir + ": no such activation dataset directory");

@@ -1,5 +1,7 @@
 #include <flex/datasets/activation_shards.h>
 
+#include "shard_format.h"
+
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -24,27 +26,11 @@ const std::vector<std::string>& activation_index_names() {
   return names;
 }
 
-namespace activation_shards {
-
-std::string shard_file_name(int64_t i) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "shard-%05lld.safetensors", static_cast<long long>(i));
-  return buf;
-}
-
-}  // namespace activation_shards
-
 namespace {
 
+using activation_shards::kFormat;
+using activation_shards::shape_text;
 using activation_shards::shard_file_name;
-
-constexpr const char* kFormat = "flexmodel-activations";
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // The settings a run chose, without what the writer adds itself.
 nlohmann::json chosen(nlohmann::json j) {
@@ -240,17 +226,8 @@ ActivationShardWriter::ActivationShardWriter(std::string dir, nlohmann::json set
     if (old.contains("shapes"))
       for (const auto& h : s.hooks) s.shapes.push_back(old["shapes"].at(h).get<std::vector<int64_t>>());
     auto last = SafetensorsFile::open((fs::path(dir_) / shard_file_name(shards - 1)).string());
-    auto field = [&](const char* k) {
-      auto it = last->metadata().find(k);
-      if (it == last->metadata().end()) throw FileFormatError(last->path() + ": shard lacks metadata '" + k + "'");
-      return it->second;
-    };
-    try {
-      contexts_done_ = std::stoll(field("flexmodel.end_context"));
-    } catch (const std::invalid_argument&) {
-      throw FileFormatError(last->path() + ": metadata flexmodel.end_context is not a number");
-    }
-    resume_cursor_ = field("flexmodel.cursor");
+    contexts_done_ = activation_shards::meta_int(*last, "flexmodel.end_context");
+    resume_cursor_ = activation_shards::meta(*last, "flexmodel.cursor");
     s.next_shard = shards;
   }
   s.write_settings();

@@ -1,5 +1,7 @@
 #include <flex/datasets/capture_dataset.h>
 
+#include "shard_format.h"
+
 #include <flex/datasets/activation_shards.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
@@ -29,11 +31,7 @@ class ForwardCaptures : public ActivationSink {
   std::map<std::string, std::vector<at::Tensor>> got_;
 };
 
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using activation_shards::shape_text;
 
 // [B, T, ...] or [B*T, ...] -> [B*T, ...].
 at::Tensor per_token(const std::string& hook, const at::Tensor& t, int64_t B, int64_t T) {

@@ -216,21 +216,14 @@ struct TokenContexts::Impl {
   ContextCursor cursor() {
     ContextCursor c;
     c.context = context;
-    if (doc && used < static_cast<int64_t>(doc->tokens.size())) {
-      c.document = doc->index;
-      c.byte_offset = doc->byte_offset;
-      c.token_offset = used;
-    } else {
-      // Between documents: the next one starts where the reader stands.
-      ensure_doc();
-      if (doc) {
-        c.document = doc->index;
-        c.byte_offset = doc->byte_offset;
-        c.token_offset = used;
-      } else {
-        c.document = -1;  // the end of the corpus
-      }
+    // Between documents the next context starts in the next one (read now).
+    if (!ensure_doc()) {
+      c.document = -1;  // the end of the corpus
+      return c;
     }
+    c.document = doc->index;
+    c.byte_offset = doc->byte_offset;
+    c.token_offset = used;
     return c;
   }
 
