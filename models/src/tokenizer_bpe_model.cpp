@@ -12,6 +12,9 @@ namespace {
 
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kMaxCacheEntries = 100000;
+// Ids index a table: a vocabulary may leave ids unused (added tokens fill
+// them), but one stray large id must not size a table of gigabytes.
+constexpr int64_t kMaxUnusedIds = 1 << 20;
 
 uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -37,6 +40,14 @@ BpeModel::BpeModel(const BpeSpec& spec)
       throw FileFormatError(fmt::format("{}: model.vocab: token '{}' has id {} (must be 0..2^31-1)", source_, tok, id));
     }
     max_id = std::max(max_id, id);
+  }
+  if (max_id >= static_cast<int64_t>(spec.vocab.size()) + kMaxUnusedIds) {
+    for (const auto& [tok, id] : spec.vocab) {
+      if (id != max_id) continue;
+      throw FileFormatError(fmt::format(
+          "{}: model.vocab: token '{}' has id {}, but the vocabulary has {} tokens (at most {} ids may be left unused)",
+          source_, tok, id, spec.vocab.size(), kMaxUnusedIds));
+    }
   }
   tokens_.assign(static_cast<size_t>(max_id + 1), std::string());
   has_token_.assign(tokens_.size(), false);

@@ -8,6 +8,7 @@
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/config.h>
+#include <flex/models/tokenizer.h>
 
 #include <nlohmann/json.hpp>
 
@@ -131,3 +132,16 @@ TEST(FuzzRegressions, ConfigIntegersOutOfRange) {
   }
 }
 
+
+// A BPE vocabulary with one id near 2^31 sized the id -> token table from it
+// (a 54 GB allocation, out of memory under ASan); ids may leave only a bounded
+// number unused, so the file is refused naming the token and its id.
+TEST(FuzzRegressions, TokenizerVocabularyIdFarBeyondItsSize) {
+  auto files = inputs("tokenizer");
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    flex_test::TempDir dir;
+    fs::copy_file(f, dir.path() / "tokenizer.json");
+    expect_file_format_error([&] { flex::load_tokenizer(dir.str()); }, "model.vocab: token", f.string());
+  }
+}
