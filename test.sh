@@ -1,43 +1,50 @@
 #!/usr/bin/env bash
 # Install what is missing, build everything, run the whole test suite; then
 # (unless FLEX_SKIP_SANITIZERS=1) the sanitizer builds and a short fuzz smoke
-# (scripts/ci-sanitizers.sh, scripts/fuzz-smoke.sh: 60 s per fuzz target, two at a time). The main suite runs last
-# so its ctest summary ends the output; any failure fails the script.
+# (scripts/ci-sanitizers.sh, scripts/fuzz-smoke.sh: FLEX_FUZZ_SECONDS, default 30 s per fuzz
+# target, two at a time). The main suite runs last; any failure fails the script.
+#
+# CI shows only the tail of the output, which the ctest run fills. So each
+# stage's result and time go to build/stages.txt (with the report of a stage
+# that failed), which is printed after ctest, followed by ctest's summary
+# again: the output still ends with ctest's summary line.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-bash "$root/scripts/install-deps.sh" --tests
-bash "$root/scripts/build.sh"
-cd "$root/build"
-# CI shows only the tail of the output, which the ctest run fills; a stage
-# that failed before it is written to stages.txt and repeated at the end, so
-# the tail says which one failed and how.
-: > stages.txt
+mkdir -p "$root/build"
+stages=$root/build/stages.txt
+: > "$stages"
 extra=0
 stage() {  # name command... : runs it, output to the terminal and build/<name>.log
   local name=$1; shift
+  local start=$SECONDS
   if "$@" 2>&1 | tee "$root/build/$name.log"; then
-    echo "$name: passed" >> stages.txt
+    echo "$name: passed ($((SECONDS - start)) s)" >> "$stages"
   else
     extra=1
-    { echo "$name: FAILED (whole log: build/$name.log)"
+    { echo "$name: FAILED ($((SECONDS - start)) s; whole log: build/$name.log)"
       grep -E -A25 'FAILED|ERROR: |WARNING: ThreadSanitizer|runtime error|SUMMARY: ' "$root/build/$name.log" | head -40
-    } >> stages.txt
+    } >> "$stages"
   fi
 }
+stage install bash "$root/scripts/install-deps.sh" --tests
+[ "$extra" = 0 ] || { cat "$stages"; exit 1; }
+stage build bash "$root/scripts/build.sh"
+[ "$extra" = 0 ] || { cat "$stages"; exit 1; }
 if [ "${FLEX_SKIP_SANITIZERS:-0}" != 1 ]; then
   stage asan bash "$root/scripts/ci-sanitizers.sh" asan
-  stage fuzz bash "$root/scripts/fuzz-smoke.sh" "${FLEX_FUZZ_SECONDS:-60}"
+  stage fuzz bash "$root/scripts/fuzz-smoke.sh" "${FLEX_FUZZ_SECONDS:-30}"
   stage tsan bash "$root/scripts/ci-sanitizers.sh" tsan
 fi
+cd "$root/build"
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2
+start=$SECONDS
 set +e
 ctest --output-on-failure -j"$(nproc)" --timeout 600 2>&1 | tee ctest.log
 rc=${PIPESTATUS[0]}
-if [ "$extra" != 0 ]; then
-  echo "---- a stage before ctest failed:"
-  cat stages.txt
-  echo "---- ctest's summary again:"
-  sed -n '/tests passed, /,$p' ctest.log
-  rc=1
-fi
+echo "ctest: $([ "$rc" = 0 ] && echo passed || echo FAILED) ($((SECONDS - start)) s)" >> "$stages"
+echo "---- stages (whole run: $SECONDS s):"
+cat "$stages"
+echo "---- ctest's summary again:"
+sed -n '/tests passed, /,$p' ctest.log
+[ "$extra" = 0 ] || rc=1
 exit "$rc"
