@@ -29,7 +29,6 @@ const std::vector<std::string>& activation_index_names() {
 namespace {
 
 using activation_shards::kFormat;
-using activation_shards::shape_text;
 using activation_shards::shard_file_name;
 
 // The settings a run chose, without what the writer adds itself.

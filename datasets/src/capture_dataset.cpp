@@ -31,8 +31,6 @@ class ForwardCaptures : public ActivationSink {
   std::map<std::string, std::vector<at::Tensor>> got_;
 };
 
-using activation_shards::shape_text;
-
 // [B, T, ...] or [B*T, ...] -> [B*T, ...].
 at::Tensor per_token(const std::string& hook, const at::Tensor& t, int64_t B, int64_t T) {
   if (t.dim() >= 2 && t.size(0) == B && t.size(1) == T) {

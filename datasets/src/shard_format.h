@@ -3,6 +3,7 @@
 // about the on-disk format (names, metadata, error text).
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <c10/util/ArrayRef.h>
 
@@ -34,12 +35,6 @@ inline int64_t meta_int(const SafetensorsFile& f, const char* key) {
   } catch (const std::exception&) {
     throw FileFormatError(f.path() + ": metadata '" + key + "' is not a number: " + v);
   }
-}
-
-inline std::string shape_text(c10::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 }  // namespace flex::activation_shards

@@ -4,6 +4,7 @@
 #include <flex/dispatch/set_module_tensor.h>
 #include <flex/dispatch/tied_parameters.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -17,12 +18,6 @@ namespace fs = std::filesystem;
 namespace flex {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 std::string join_limited(const std::vector<std::string>& names, size_t limit = 20) {
   std::string out;
@@ -100,8 +95,8 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
       const at::Tensor& current = mt->second;
       const auto shape = ck.shape(key);
       if (at::IntArrayRef(shape) != current.sizes())
-        throw ShapeError(file + ": tensor '" + key + "' has shape " + shape_str(shape) + " but the model expects " +
-                         shape_str(current.sizes()));
+        throw ShapeError(file + ": tensor '" + key + "' has shape " + shape_text(shape) + " but the model expects " +
+                         shape_text(current.sizes()));
       std::optional<MapDevice> dev = MapDevice::cpu();
       if (opt.device_map) {
         dev = opt.device_map->device_of(key);

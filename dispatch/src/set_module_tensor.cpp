@@ -1,5 +1,6 @@
 #include <flex/dispatch/set_module_tensor.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -7,13 +8,6 @@
 
 namespace flex {
 
-namespace {
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-}  // namespace
 
 void set_module_tensor_to_device(Module& root, const std::string& name, const c10::Device& device,
                                  const SetTensorOptions& options) {
@@ -45,8 +39,8 @@ void set_module_tensor_to_device(Module& root, const std::string& name, const c1
   } else if (options.value) {
     at::Tensor value = *options.value;
     if (value.sizes() != old.sizes())
-      throw ShapeError("trying to set a tensor of shape " + shape_str(value.sizes()) + " in \"" + name +
-                       "\" (which has shape " + shape_str(old.sizes()) + ")");
+      throw ShapeError("trying to set a tensor of shape " + shape_text(value.sizes()) + " in \"" + name +
+                       "\" (which has shape " + shape_text(old.sizes()) + ")");
     if (!options.dtype) {
       if (value.scalar_type() != old.scalar_type()) value = value.to(old.scalar_type());
     } else if (at::isFloatingType(value.scalar_type()) && value.scalar_type() != *options.dtype) {

@@ -1,6 +1,7 @@
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/hooks/token_rows.h>
 
 #include <ATen/ATen.h>
@@ -21,18 +22,11 @@ struct FlexModel::Entry {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << (s[i] == kAnyDim ? std::string("*") : std::to_string(s[i]));
-  os << "]";
-  return os.str();
+// An expected shape, with "*" for a dimension that may be anything.
+std::string expected_shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + (s[i] == kAnyDim ? std::string("*") : std::to_string(s[i]));
+  return out + "]";
 }
 
 void check_expected_shape(const HookFunction& hook, const at::Tensor& t) {
@@ -41,8 +35,8 @@ void check_expected_shape(const HookFunction& hook, const at::Tensor& t) {
   bool ok = static_cast<int64_t>(exp.size()) == t.dim();
   for (size_t i = 0; ok && i < exp.size(); ++i) ok = exp[i] == kAnyDim || exp[i] == t.size(static_cast<int64_t>(i));
   if (!ok)
-    throw ShapeError(hook.describe() + ": activation has shape " + shape_str(t.sizes()) + ", expected " +
-                     shape_str(exp));
+    throw ShapeError(hook.describe() + ": activation has shape " + shape_text(t.sizes()) + ", expected " +
+                     expected_shape_text(exp));
 }
 
 // The positional arguments as one tuple, so the same leaf logic applies.
@@ -190,8 +184,8 @@ at::Tensor FlexModel::process_ordered(const HookFunction& hook, Module& module, 
   at::Tensor edited = o.editing_function(module, whole, save_ctx_, trainable_);
   if (!edited.defined()) throw ShapeError(hook.describe() + ": editing function returned an undefined tensor");
   if (edited.sizes() != whole.sizes())
-    throw ShapeError(hook.describe() + ": editing function returned shape " + shape_str(edited.sizes()) +
-                     " but the activation has shape " + shape_str(whole.sizes()));
+    throw ShapeError(hook.describe() + ": editing function returned shape " + shape_text(edited.sizes()) +
+                     " but the activation has shape " + shape_text(whole.sizes()));
   if (o.save && o.save_after_edit) capture(hook, edited);
   if (back.defined()) edited = edited.index_select(0, back);
   if (!router_) return edited;
@@ -568,7 +562,7 @@ void FlexModel::register_trainable_module(const std::string& name, std::shared_p
 
 namespace {
 std::string describe_tensor(const std::string& what, const at::Tensor& t) {
-  return what + " " + shape_str(t.sizes()) + " " + std::string(c10::toString(t.scalar_type()));
+  return what + " " + shape_text(t.sizes()) + " " + std::string(c10::toString(t.scalar_type()));
 }
 }  // namespace
 

@@ -1,6 +1,7 @@
 #include <flex/dispatch/checkpoint.h>
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/models/auto_model.h>
 
 #include <ATen/ATen.h>
@@ -12,12 +13,6 @@
 namespace flex {
 
 namespace {
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
-
 std::string join(const std::vector<std::string>& v, size_t limit) {
   std::string out;
   for (size_t i = 0; i < v.size() && i < limit; ++i) out += (i ? ", " : "") + std::string("'") + v[i] + "'";
@@ -85,8 +80,8 @@ LoadReport load_weights(CausalLM& model, const Checkpoint& ckpt, const LoadOptio
     }
     const std::vector<int64_t> shape = ckpt.shape(key);
     if (at::IntArrayRef(shape) != current.sizes())
-      throw ShapeError("checkpoint " + ckpt.file_of(key) + ": tensor '" + key + "' has shape " + shape_str(shape) +
-                       " but " + model.class_name() + " expects " + shape_str(current.sizes()) + " for '" + name + "'");
+      throw ShapeError("checkpoint " + ckpt.file_of(key) + ": tensor '" + key + "' has shape " + shape_text(shape) +
+                       " but " + model.class_name() + " expects " + shape_text(current.sizes()) + " for '" + name + "'");
     at::Tensor t = ckpt.get(key);
     if (at::isFloatingType(t.scalar_type()) && t.scalar_type() != report.dtype) t = t.to(report.dtype);
     if (t.device() != opts.device) t = t.to(opts.device);

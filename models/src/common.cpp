@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -10,12 +11,6 @@
 namespace flex::detail {
 
 namespace {
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
-
 at::Tensor named_tensor(const Inputs& in, const std::string& key, const std::string& who) {
   const Value* v = in.find(key);
   if (!v || v->isNone()) return {};
@@ -32,13 +27,13 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
     c.input_ids = named_tensor(inputs, "input_ids", who);
   if (!c.input_ids.defined()) throw NotFoundError(who + ": input_ids is required (argument 0 or keyword)");
   if (c.input_ids.dim() != 2)
-    throw ShapeError(who + ": input_ids must be [batch, seq], got shape " + shape_str(c.input_ids.sizes()));
+    throw ShapeError(who + ": input_ids must be [batch, seq], got shape " + shape_text(c.input_ids.sizes()));
   if (at::isFloatingType(c.input_ids.scalar_type()) || c.input_ids.scalar_type() == at::kBool)
     throw ShapeError(who + ": input_ids must hold integer token ids, got " +
                      std::string(c10::toString(c.input_ids.scalar_type())));
   if (c.input_ids.scalar_type() != at::kLong) c.input_ids = c.input_ids.to(at::kLong);
   const int64_t batch = c.input_ids.size(0), t = c.input_ids.size(1);
-  if (t == 0 || batch == 0) throw ShapeError(who + ": input_ids is empty, shape " + shape_str(c.input_ids.sizes()));
+  if (t == 0 || batch == 0) throw ShapeError(who + ": input_ids is empty, shape " + shape_text(c.input_ids.sizes()));
   if (!c.input_ids.is_meta()) {
     const int64_t lo = c.input_ids.min().item<int64_t>(), hi = c.input_ids.max().item<int64_t>();
     if (lo < 0 || hi >= cfg.vocab_size)
@@ -53,7 +48,7 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
   if (c.attention_mask.defined()) {
     if (c.attention_mask.dim() != 2 || c.attention_mask.size(0) != batch || c.attention_mask.size(1) != c.past + t)
       throw ShapeError(who + ": attention_mask must be [batch, past + seq] = [" + std::to_string(batch) + ", " +
-                       std::to_string(c.past + t) + "], got " + shape_str(c.attention_mask.sizes()));
+                       std::to_string(c.past + t) + "], got " + shape_text(c.attention_mask.sizes()));
     c.attention_mask = c.attention_mask.ne(0);
     // An all-ones mask masks nothing: drop it so the unpadded path is taken.
     if (c.attention_mask.all().item<bool>()) c.attention_mask = at::Tensor();
@@ -65,7 +60,7 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
     if (c.position_ids.dim() != 2 || c.position_ids.size(1) != t ||
         (c.position_ids.size(0) != 1 && c.position_ids.size(0) != batch))
       throw ShapeError(who + ": position_ids must be [batch or 1, " + std::to_string(t) + "], got " +
-                       shape_str(c.position_ids.sizes()));
+                       shape_text(c.position_ids.sizes()));
     c.position_ids = c.position_ids.to(c.input_ids.device(), at::kLong);
   } else {
     c.position_ids = at::arange(c.past, c.past + t, c.input_ids.options()).unsqueeze(0);

@@ -1,4 +1,5 @@
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/models/generate.h>
 
 #include <ATen/ATen.h>
@@ -18,17 +19,12 @@ void check_options(const GenerateOptions& o) {
   if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw ConfigError("generate: top_p must be in (0, 1], got " + std::to_string(o.top_p));
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
 }  // namespace
 
 at::Generator make_cpu_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 at::Tensor choose_next_tokens(const at::Tensor& logits_in, const GenerateOptions& opts, at::Generator& gen) {
-  if (logits_in.dim() != 2) throw ShapeError("choose_next_tokens: logits must be [batch, vocab], got " + shape_str(logits_in.sizes()));
+  if (logits_in.dim() != 2) throw ShapeError("choose_next_tokens: logits must be [batch, vocab], got " + shape_text(logits_in.sizes()));
   if (!opts.do_sample) return logits_in.argmax(-1);
   check_options(opts);
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -89,10 +85,10 @@ GenerateOutput generate(const LogitsFn& model_step, const ModelConfig& cfg, cons
   check_options(opts);
   if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.size(1) == 0)
     throw ShapeError("generate: input_ids must be a non-empty [batch, seq] tensor, got " +
-                     (input_ids.defined() ? shape_str(input_ids.sizes()) : std::string("undefined")));
+                     (input_ids.defined() ? shape_text(input_ids.sizes()) : std::string("undefined")));
   if (attention_mask.defined() && attention_mask.sizes() != input_ids.sizes())
-    throw ShapeError("generate: attention_mask " + shape_str(attention_mask.sizes()) + " must match input_ids " +
-                     shape_str(input_ids.sizes()));
+    throw ShapeError("generate: attention_mask " + shape_text(attention_mask.sizes()) + " must match input_ids " +
+                     shape_text(input_ids.sizes()));
   at::NoGradGuard no_grad;
   const std::vector<int64_t> stops = opts.stop_tokens ? *opts.stop_tokens : cfg.eos_token_ids;
   const int64_t pad = opts.pad_token_id ? *opts.pad_token_id

@@ -1,4 +1,5 @@
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/models/kv_cache.h>
 
 #include <ATen/ATen.h>
@@ -7,19 +8,11 @@
 
 namespace flex {
 
-namespace {
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
-}  // namespace
-
 std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tensor& key, const at::Tensor& value) {
   if (layer < 0) throw ConfigError("KVCache: negative layer index " + std::to_string(layer));
   if (key.dim() != 4 || value.dim() != 4 || key.sizes() != value.sizes())
-    throw ShapeError("KVCache layer " + std::to_string(layer) + ": key " + shape_str(key.sizes()) + " and value " +
-                     shape_str(value.sizes()) + " must both be [batch, heads, seq, head_dim]");
+    throw ShapeError("KVCache layer " + std::to_string(layer) + ": key " + shape_text(key.sizes()) + " and value " +
+                     shape_text(value.sizes()) + " must both be [batch, heads, seq, head_dim]");
   if (static_cast<size_t>(layer) >= len_.size()) {
     k_.resize(layer + 1);
     v_.resize(layer + 1);
@@ -33,8 +26,8 @@ std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tenso
     if (kbuf.size(0) != key.size(0) || kbuf.size(1) != key.size(1) || kbuf.size(3) != key.size(3) ||
         kbuf.scalar_type() != key.scalar_type())
       throw ShapeError("KVCache layer " + std::to_string(layer) + " holds keys of shape " +
-                       shape_str(kbuf.narrow(2, 0, len).sizes()) + " (" + std::string(c10::toString(kbuf.scalar_type())) +
-                       "); cannot append " + shape_str(key.sizes()) + " (" +
+                       shape_text(kbuf.narrow(2, 0, len).sizes()) + " (" + std::string(c10::toString(kbuf.scalar_type())) +
+                       "); cannot append " + shape_text(key.sizes()) + " (" +
                        std::string(c10::toString(key.scalar_type())) + ")");
   }
   // Under autograd, writing into a shared buffer would invalidate views that

@@ -8,6 +8,8 @@
 // nonblocking MPI collective, polled until done or the deadline passes.
 #include <flex/parallel/mpi_communicator.h>
 
+#include <flex/hooks/shape_text.h>
+
 #ifdef FLEX_HAVE_MPI
 
 #include <ATen/ATen.h>
@@ -227,14 +229,6 @@ Header make_header(int64_t op, const at::Tensor* t, int64_t root = -1, ReduceOp 
   return h;
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? "," : "") << s[i];
-  o << "]";
-  return o.str();
-}
-
 int to_count(int64_t n, const std::string& what) {
   if (n > INT_MAX) {
     throw UnsupportedError(what + ": " + std::to_string(n) +
@@ -395,7 +389,7 @@ class MpiCommunicator : public Communicator {
     const auto all = exchange(make_header(kReduceScatter, &t, -1, op));
     same_everywhere(all, "reduce_scatter");
     if (t.dim() == 0 || t.size(0) % size_ != 0) {
-      fail<ShapeError>("reduce_scatter: dim 0 of " + shape_str(t.sizes()) + " must be divisible by the " +
+      fail<ShapeError>("reduce_scatter: dim 0 of " + shape_text(t.sizes()) + " must be divisible by the " +
                        std::to_string(size_) + " ranks");
     }
     const at::Tensor buf = widened(t.scalar_type()) ? t.detach().to(at::kCPU, at::kFloat).contiguous() : host(t);
@@ -469,7 +463,7 @@ class MpiCommunicator : public Communicator {
     }
     if (t.dim() > kMaxDims) {
       fail<UnsupportedError>(std::string(what) + ": tensors of more than " + std::to_string(kMaxDims) +
-                             " dims are not supported, got " + shape_str(t.sizes()));
+                             " dims are not supported, got " + shape_text(t.sizes()));
     }
   }
 

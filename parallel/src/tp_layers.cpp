@@ -1,4 +1,5 @@
 #include <flex/hooks/empty_init.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/parallel/tp_autograd.h>
 #include <flex/parallel/tp_layers.h>
 
@@ -10,14 +11,6 @@
 namespace flex {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? "," : "") << s[i];
-  o << "]";
-  return o.str();
-}
 
 const std::shared_ptr<Communicator>& require_comm(const std::shared_ptr<Communicator>& tp, const std::string& cls) {
   if (!tp) throw ConfigError(cls + ": the tensor-parallel communicator is null");
@@ -59,8 +52,8 @@ void ShardedModule::load_shard(const std::string& name, const at::Tensor& whole)
   const auto expect = whole_shape(name);
   if (!whole.defined() || !whole.sizes().equals(expect)) {
     throw ShapeError(class_name() + "." + name + ": the whole tensor has shape " +
-                     (whole.defined() ? shape_str(whole.sizes()) : std::string("(undefined)")) +
-                     ", the unsharded parameter is " + shape_str(expect));
+                     (whole.defined() ? shape_text(whole.sizes()) : std::string("(undefined)")) +
+                     ", the unsharded parameter is " + shape_text(expect));
   }
   at::Tensor piece = shard_of(it->second, whole.detach(), tp_rank(), tp_size());
   const c10::Device device = cur->is_meta() ? whole.device() : cur->device();
@@ -91,7 +84,7 @@ ShardSpec ColumnParallelLinear::out_spec() const { return ShardSpec::fused(-1, o
 at::Tensor ColumnParallelLinear::compute_local(const at::Tensor& x) const {
   if (x.dim() == 0 || x.size(-1) != in_features) {
     throw ShapeError(class_name() + ": input has " + std::to_string(x.size(-1)) + " features, expected " +
-                     std::to_string(in_features) + " (input shape " + shape_str(x.sizes()) + ")");
+                     std::to_string(in_features) + " (input shape " + shape_text(x.sizes()) + ")");
   }
   if (options.conv1d_layout) {
     auto sizes = x.sizes().vec();
@@ -145,7 +138,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, std::shared_ptr<Co
 namespace {
 void check_row_input(const RowParallelLinear& m, int rank, const at::Tensor& x) {
   if (x.dim() == 0 || x.size(-1) != m.local_in_features) {
-    throw ShapeError(m.class_name() + ": rank " + std::to_string(rank) + " input " + shape_str(x.sizes()) +
+    throw ShapeError(m.class_name() + ": rank " + std::to_string(rank) + " input " + shape_text(x.sizes()) +
                      " must end in its slice of " + std::to_string(m.local_in_features) + " of the " +
                      std::to_string(m.in_features) + " input features");
   }
@@ -169,7 +162,7 @@ Value RowParallelLinear::forward(Inputs inputs) {
   if (!options.input_is_parallel) {
     if (x.dim() == 0 || x.size(-1) != in_features) {
       throw ShapeError(class_name() + ": input has " + std::to_string(x.size(-1)) + " features, expected " +
-                       std::to_string(in_features) + " (input shape " + shape_str(x.sizes()) + ")");
+                       std::to_string(in_features) + " (input shape " + shape_text(x.sizes()) + ")");
     }
     x = scatter_to_tp_region(x, ShardSpec::split(-1, options.unit), tp_);
   }

@@ -162,8 +162,8 @@ TEST(LoadShard, ViewOfWholeAndErrors) {
     FAIL();
   } catch (const ShapeError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("[12,4]"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("[12,5]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[12, 4]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[12, 5]"), std::string::npos) << msg;
   }
   EXPECT_THROW(m.load_shard("scale", W), NotFoundError);
   // The parameter keeps its dtype.

@@ -8,6 +8,7 @@
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 #include <flex/models/from_pretrained.h>
 #include <flex/models/tokenizer.h>
 
@@ -63,12 +64,6 @@ std::optional<std::pair<std::string, int64_t>> layer_of(const std::string& name)
     start = end + 1;
   }
   return std::nullopt;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 bool is_float(const TensorInfo& info) { return info.dtype != at::ScalarType::Undefined && at::isFloatingType(info.dtype); }
