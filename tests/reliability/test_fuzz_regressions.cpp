@@ -52,6 +52,19 @@ void expect_file_format_error(const std::function<void()>& run, const std::strin
   }
 }
 
+// Each input of `target`, copied alone into a folder as `file_name`: loading
+// the folder must throw FileFormatError containing `needle`.
+void expect_each_refused_in_a_folder(const std::string& target, const std::string& file_name,
+                                     const std::function<void(const std::string&)>& load, const std::string& needle) {
+  auto files = inputs(target);
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    flex_test::TempDir dir;
+    fs::copy_file(f, dir.path() / file_name);
+    expect_file_format_error([&] { load(dir.str()); }, needle, f.string());
+  }
+}
+
 }  // namespace
 
 // A JSON number too large for a double (out_of_range, not parse_error, in nlohmann).
@@ -70,13 +83,9 @@ TEST(FuzzRegressions, OffloadIndexes) {
 }
 
 TEST(FuzzRegressions, CheckpointIndexes) {
-  auto files = inputs("checkpoint_index");
-  ASSERT_FALSE(files.empty());
-  for (const auto& f : files) {
-    flex_test::TempDir dir;
-    fs::copy_file(f, dir.path() / "model.safetensors.index.json");
-    expect_file_format_error([&] { flex::Checkpoint::open(dir.str()); }, "model.safetensors.index.json", f.string());
-  }
+  expect_each_refused_in_a_folder("checkpoint_index", "model.safetensors.index.json",
+                                  [](const std::string& dir) { flex::Checkpoint::open(dir); },
+                                  "model.safetensors.index.json");
 }
 
 // A key "" (the whole model) next to other keys sent clean_device_map into
@@ -137,11 +146,6 @@ TEST(FuzzRegressions, ConfigIntegersOutOfRange) {
 // (a 54 GB allocation, out of memory under ASan); ids may leave only a bounded
 // number unused, so the file is refused naming the token and its id.
 TEST(FuzzRegressions, TokenizerVocabularyIdFarBeyondItsSize) {
-  auto files = inputs("tokenizer");
-  ASSERT_FALSE(files.empty());
-  for (const auto& f : files) {
-    flex_test::TempDir dir;
-    fs::copy_file(f, dir.path() / "tokenizer.json");
-    expect_file_format_error([&] { flex::load_tokenizer(dir.str()); }, "model.vocab: token", f.string());
-  }
+  expect_each_refused_in_a_folder("tokenizer", "tokenizer.json",
+                                  [](const std::string& dir) { flex::load_tokenizer(dir); }, "model.vocab: token");
 }
