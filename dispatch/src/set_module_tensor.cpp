@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
 
 namespace flex {
 

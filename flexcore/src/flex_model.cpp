@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <sstream>
 
 namespace flex {
 

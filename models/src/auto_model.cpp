@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <set>
-#include <sstream>
 
 namespace flex {
 

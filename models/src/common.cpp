@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 
 #include <limits>
-#include <sstream>
 
 namespace flex::detail {
 

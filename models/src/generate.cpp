@@ -6,7 +6,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <limits>
-#include <sstream>
 
 namespace flex {
 

@@ -39,15 +39,12 @@ BpeModel::BpeModel(const BpeSpec& spec)
     if (id < 0 || id > INT32_MAX) {
       throw FileFormatError(fmt::format("{}: model.vocab: token '{}' has id {} (must be 0..2^31-1)", source_, tok, id));
     }
-    max_id = std::max(max_id, id);
-  }
-  if (max_id >= static_cast<int64_t>(spec.vocab.size()) + kMaxUnusedIds) {
-    for (const auto& [tok, id] : spec.vocab) {
-      if (id != max_id) continue;
+    if (id >= static_cast<int64_t>(spec.vocab.size()) + kMaxUnusedIds) {
       throw FileFormatError(fmt::format(
           "{}: model.vocab: token '{}' has id {}, but the vocabulary has {} tokens (at most {} ids may be left unused)",
           source_, tok, id, spec.vocab.size(), kMaxUnusedIds));
     }
+    max_id = std::max(max_id, id);
   }
   tokens_.assign(static_cast<size_t>(max_id + 1), std::string());
   has_token_.assign(tokens_.size(), false);

@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <sstream>
 
 namespace flex {
 
