@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, end to end. Installs what is missing and builds only what the
-# job needs (the libraries, the flexmodel tool and one example: about 10
+# job needs (the libraries, the flexmodel tool and one example: about 4
 # minutes the first time on 2 cores, with progress; nothing on later runs).
 # Then:
 #   bash run.sh             trains a 2-layer GPT-2 on the spot (about a minute

@@ -44,7 +44,8 @@ rc=${PIPESTATUS[0]}
 echo "ctest: $([ "$rc" = 0 ] && echo passed || echo FAILED) ($((SECONDS - start)) s)" >> "$stages"
 echo "---- stages (whole run: $SECONDS s):"
 cat "$stages"
-echo "---- ctest's summary again:"
-sed -n '/tests passed, /,$p' ctest.log
+echo "---- ctest's summary again (failed and skipped tests, then the summary line):"
+sed -n '/tests passed, /,$p' ctest.log | sed -n '/^The following tests/,$p'
+grep -E '^[0-9]+% tests passed, ' ctest.log | tail -1
 [ "$extra" = 0 ] || rc=1
 exit "$rc"

@@ -1,3 +1,14 @@
+# flex_unity(target): unity batches (FLEX_UNITY_BUILD). Sources of one target
+# then share a translation unit, so their file-local helpers need distinct names.
+function(flex_unity target)
+  if(FLEX_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+    # A source's own types in an anonymous namespace are fine as members of
+    # its Impl; GCC warns only because the unity file #includes the source.
+    target_compile_options(${target} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-subobject-linkage>)
+  endif()
+endfunction()
+
 # flex_add_library(NAME <folder> [DEPS ...])
 # Creates target flex_<folder> (alias flex::<folder>) from <folder>/src/*.cpp,
 # public headers in <folder>/include, with a precompiled header of the libtorch
@@ -17,6 +28,7 @@ function(flex_add_library)
   add_library(${t} SHARED ${srcs} ${A_SOURCES})
   add_library(flex::${A_NAME} ALIAS ${t})
   set_target_properties(${t} PROPERTIES OUTPUT_NAME flex_${A_NAME} EXPORT_NAME ${A_NAME})
+  flex_unity(${t})
   target_include_directories(${t} PUBLIC
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:include>)
@@ -30,15 +42,40 @@ function(flex_add_library)
   endif()
 endfunction()
 
-# flex_add_test(name SOURCES ... DEPS ...): one GoogleTest executable registered with CTest.
+# flex_add_test(name SOURCES ... DEPS ... [LABELS ...] [SHARDS n] [COST s]):
+# one GoogleTest executable registered with CTest as one test (all its cases
+# in one process), or as n shards (GoogleTest's GTEST_TOTAL_SHARDS /
+# GTEST_SHARD_INDEX) named <name>_shard<i>of<n>. One process per case would
+# pay libtorch's start-up (about a second of CPU: ~290 shared libraries and
+# its operator registry) 700 times over, a third of the suite's time on 2
+# cores. COST (seconds, a guess) makes a parallel ctest start the long ones
+# first. The failing case's name is in the output ctest prints on failure;
+# run one case with --gtest_filter.
 function(flex_add_test name)
-  cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "SHARDS;COST" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} flex_test_common GTest::gtest GTest::gtest_main)
   if(FLEX_USE_PCH)
     target_precompile_headers(${name} REUSE_FROM flex_test_pch)
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
-    PROPERTIES ENVIRONMENT "FLEX_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/data;OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE"
-    LABELS "${A_LABELS}")
+  if(NOT A_SHARDS)
+    set(A_SHARDS 1)
+  endif()
+  if(NOT A_COST)
+    set(A_COST 2)
+  endif()
+  set(env "FLEX_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/data;OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
+  math(EXPR last "${A_SHARDS} - 1")
+  foreach(i RANGE ${last})
+    if(A_SHARDS EQUAL 1)
+      set(test ${name})
+      set(shard_env "")
+    else()
+      set(test ${name}_shard${i}of${A_SHARDS})
+      set(shard_env ";GTEST_TOTAL_SHARDS=${A_SHARDS};GTEST_SHARD_INDEX=${i}")
+    endif()
+    add_test(NAME ${test} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+    set_tests_properties(${test} PROPERTIES ENVIRONMENT "${env}${shard_env}" LABELS "${A_LABELS}"
+                         COST ${A_COST} TIMEOUT 1200)
+  endforeach()
 endfunction()

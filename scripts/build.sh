@@ -13,7 +13,7 @@ bash "$root/scripts/install-deps.sh"
 echo "flexmodel build: [2/3] configure $build"
 # shellcheck disable=SC2086
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLEXMODEL_CMAKE_ARGS:-} >/dev/null
-# A first build on 2 cores takes about 10 minutes for run.sh's targets and 21
+# A first build on 2 cores takes about 4 minutes for run.sh's targets and 15
 # for everything (tests and benchmarks included); ccache makes rebuilds short.
 if [ "$#" -gt 0 ]; then what="$*"; else what="everything"; fi
 echo "flexmodel build: [3/3] compile $what on $(nproc) core(s); ninja prints [done/total] per step"

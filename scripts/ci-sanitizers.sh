@@ -22,9 +22,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-all}
 jobs=${FLEX_JOBS:-$(nproc)}
 
-# clang and its sanitizer/fuzzer runtimes (Debian 12 packages), installed when missing.
+# clang, its sanitizer/fuzzer runtimes and lld (Debian 12 packages), installed when missing.
 need=()
-for p in clang libclang-rt-14-dev; do
+for p in clang libclang-rt-14-dev lld; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if ((${#need[@]})); then

@@ -13,7 +13,7 @@ namespace flex {
 
 namespace {
 
-bool under(const std::string& key, const std::string& module) {
+bool in_module(const std::string& key, const std::string& module) {
   return module.empty() || key == module || key.rfind(module + ".", 0) == 0;
 }
 
@@ -23,7 +23,7 @@ std::vector<std::pair<std::string, at::Tensor>> extract_submodules(
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& kv : sd)
     for (const auto& m : modules)
-      if (under(kv.first, m)) {
+      if (in_module(kv.first, m)) {
         out.push_back(kv);
         break;
       }

@@ -228,7 +228,7 @@ std::ostream& operator<<(std::ostream& os, const DeviceMap& map) { return os << 
 
 namespace {
 
-bool under(const std::string& key, const std::string& prefix) {
+bool has_prefix(const std::string& key, const std::string& prefix) {
   return prefix.empty() || key.compare(0, prefix.size(), prefix) == 0;
 }
 
@@ -244,7 +244,7 @@ struct Cleaner {
     const std::string prefix = module_name.empty() ? "" : module_name + ".";
     std::vector<size_t> below;
     for (size_t i : group)
-      if (under(entries[i].first, prefix)) below.push_back(i);
+      if (has_prefix(entries[i].first, prefix)) below.push_back(i);
     if (below.size() > 1) {
       const MapDevice first = entries[below[0]].second;
       bool same = true;

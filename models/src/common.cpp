@@ -72,6 +72,10 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
   return c;
 }
 
+at::Tensor causal_bias(int64_t n, const c10::Device& device) {
+  return at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
+}
+
 at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,
                         const c10::Device& device) {
   if (!attention_mask.defined() && t == 1) return {};

@@ -29,6 +29,10 @@ struct ModelCall {
 /// (ShapeError naming `who`, the argument and the shapes).
 ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::string& who);
 
+/// The lower-triangular [1, 1, n, n] bool buffer GPT-2 and GPT-NeoX register
+/// as `bias` (non-persistent), as Transformers does.
+at::Tensor causal_bias(int64_t n, const c10::Device& device);
+
 /// Boolean mask [B or 1, 1, T, past + T]: true where query t may attend key
 /// s (causal, and the key is not padding). Undefined when nothing is masked.
 at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,

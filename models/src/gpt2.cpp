@@ -10,13 +10,8 @@
 
 namespace flex {
 
+using detail::causal_bias;
 using detail::first_tensor;
-
-namespace {
-at::Tensor causal_bias(int64_t n, const at::Device& device) {
-  return at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
-}
-}  // namespace
 
 GPT2Attention::GPT2Attention(const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts)
     : Module("GPT2Attention"), cfg_(cfg), layer_idx_(layer_idx) {

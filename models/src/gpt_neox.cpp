@@ -9,13 +9,8 @@
 
 namespace flex {
 
+using detail::causal_bias;
 using detail::first_tensor;
-
-namespace {
-at::Tensor causal_bias(int64_t n, const at::Device& device) {
-  return at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
-}
-}  // namespace
 
 GPTNeoXAttention::GPTNeoXAttention(const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts)
     : Module("GPTNeoXAttention"), cfg_(cfg), layer_idx_(layer_idx) {

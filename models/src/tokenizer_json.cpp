@@ -12,7 +12,7 @@ namespace flex {
 namespace {
 
 using nlohmann::json;
-using Step = BpeSpec::NormalizeStep;
+using NormStep = BpeSpec::NormalizeStep;
 using DStep = BpeSpec::DecodeStep;
 
 std::string read_text(const std::string& path) {
@@ -95,11 +95,11 @@ struct Reader {
       if (!list.is_array()) fail(key + ".normalizers", "expected an array");
       for (size_t i = 0; i < list.size(); ++i) normalizer(list[i], fmt::format("{}.normalizers[{}]", key, i), spec);
     } else if (t == "Prepend") {
-      spec.normalizer.push_back({Step::Kind::Prepend, str(n, "prepend", key), ""});
+      spec.normalizer.push_back({NormStep::Kind::Prepend, str(n, "prepend", key), ""});
     } else if (t == "Replace") {
-      spec.normalizer.push_back({Step::Kind::Replace, pattern(n, key), str(n, "content", key)});
+      spec.normalizer.push_back({NormStep::Kind::Replace, pattern(n, key), str(n, "content", key)});
     } else if (t == "NFC") {
-      spec.normalizer.push_back({Step::Kind::NFC, "", ""});
+      spec.normalizer.push_back({NormStep::Kind::NFC, "", ""});
     } else {
       unsupported(key + ".type", fmt::format("normalizer '{}' is not supported (Sequence, Prepend, Replace, NFC are)", t));
     }

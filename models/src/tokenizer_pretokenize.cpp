@@ -8,7 +8,7 @@
 namespace flex {
 namespace {
 
-using Step = BpeSpec::PreTokenizeStep;
+using PreStep = BpeSpec::PreTokenizeStep;
 
 void replace_spaces(std::string& s, const std::string& rep) {
   if (s.find(' ') == std::string::npos) return;
@@ -27,7 +27,7 @@ void replace_spaces(std::string& s, const std::string& rep) {
 // Runs steps[k..] on one word, then the model on each word that comes out.
 class Pipeline {
  public:
-  Pipeline(const std::vector<Step>& steps, const BpeModel& model, std::vector<int64_t>& out)
+  Pipeline(const std::vector<PreStep>& steps, const BpeModel& model, std::vector<int64_t>& out)
       : steps_(steps), model_(model), out_(out), scratch_(2 * steps.size()) {}
 
   // `at_start`: the word begins at byte 0 of the input (Metaspace "first").
@@ -36,15 +36,15 @@ class Pipeline {
       model_.encode_word(word, out_);
       return;
     }
-    const Step& step = steps_[k];
+    const PreStep& step = steps_[k];
     switch (step.kind) {
-      case Step::Kind::Split:
+      case PreStep::Kind::Split:
         emit_pieces(k, word, split_pieces(word, step.pattern, step.behavior, step.invert), at_start);
         return;
-      case Step::Kind::ByteLevel:
+      case PreStep::Kind::ByteLevel:
         byte_level(k, word, at_start);
         return;
-      case Step::Kind::Metaspace:
+      case PreStep::Kind::Metaspace:
         metaspace(k, word, at_start);
         return;
     }
@@ -66,7 +66,7 @@ class Pipeline {
   }
 
   void byte_level(size_t k, const std::string& word, bool at_start) {
-    const Step& step = steps_[k];
+    const PreStep& step = steps_[k];
     const std::string* text = &word;
     if (step.add_prefix_space && word.compare(0, 1, " ") != 0) {
       text_buf(k).assign(" ").append(word);
@@ -88,7 +88,7 @@ class Pipeline {
   }
 
   void metaspace(size_t k, const std::string& word, bool at_start) {
-    const Step& step = steps_[k];
+    const PreStep& step = steps_[k];
     const std::string& rep = step.replacement;
     std::string& text = text_buf(k);
     text = word;
@@ -104,7 +104,7 @@ class Pipeline {
     emit_pieces(k, text, split_pieces(text, SplitPattern::literal(rep), SplitBehavior::MergedWithNext), at_start);
   }
 
-  const std::vector<Step>& steps_;
+  const std::vector<PreStep>& steps_;
   const BpeModel& model_;
   std::vector<int64_t>& out_;
   std::vector<std::string> scratch_;

@@ -13,12 +13,12 @@
 namespace flex::unicode {
 namespace {
 
-struct Range {
+struct CodeRange {
   uint32_t lo, hi;
 };
 
 // 684 ranges
-constexpr Range kLetter[] = {
+constexpr CodeRange kLetter[] = {
     {0x41, 0x5A}, {0x61, 0x7A}, {0xAA, 0xAA}, {0xB5, 0xB5}, {0xBA, 0xBA}, {0xC0, 0xD6},
     {0xD8, 0xF6}, {0xF8, 0x2C1}, {0x2C6, 0x2D1}, {0x2E0, 0x2E4}, {0x2EC, 0x2EC}, {0x2EE, 0x2EE},
     {0x370, 0x374}, {0x376, 0x377}, {0x37A, 0x37D}, {0x37F, 0x37F}, {0x386, 0x386}, {0x388, 0x38A},
@@ -169,7 +169,7 @@ constexpr Range kLetter[] = {
 };
 
 // 146 ranges
-constexpr Range kNumber[] = {
+constexpr CodeRange kNumber[] = {
     {0x30, 0x39}, {0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE}, {0x660, 0x669}, {0x6F0, 0x6F9},
     {0x7C0, 0x7C9}, {0x966, 0x96F}, {0x9E6, 0x9EF}, {0x9F4, 0x9F9}, {0xA66, 0xA6F}, {0xAE6, 0xAEF},
     {0xB66, 0xB6F}, {0xB72, 0xB77}, {0xBE6, 0xBF2}, {0xC66, 0xC6F}, {0xC78, 0xC7E}, {0xCE6, 0xCEF},
@@ -206,10 +206,10 @@ constexpr Range kNumber[] = {
 };
 
 template <size_t N>
-bool in_ranges(const Range (&table)[N], uint32_t cp) {
+bool in_ranges(const CodeRange (&table)[N], uint32_t cp) {
   // First range whose upper end is >= cp; cp is in the table iff that range starts at or before it.
   auto it = std::lower_bound(std::begin(table), std::end(table), cp,
-                             [](const Range& r, uint32_t v) { return r.hi < v; });
+                             [](const CodeRange& r, uint32_t v) { return r.hi < v; });
   return it != std::end(table) && it->lo <= cp;
 }
 

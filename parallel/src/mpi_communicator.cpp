@@ -130,7 +130,7 @@ MPI_Datatype move_type(at::ScalarType t) {
 
 // Datatype for reductions (f16/bf16 are widened to float before we get here;
 // bool travels as uint8 where max is "or" and min is "and").
-MPI_Datatype reduce_type(at::ScalarType t) {
+MPI_Datatype mpi_reduce_type(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return MPI_DOUBLE;
     case at::kFloat: return MPI_FLOAT;
@@ -357,7 +357,7 @@ class MpiCommunicator : public Communicator {
     at::Tensor buf = widened(t.scalar_type()) ? t.detach().to(at::kCPU, at::kFloat).contiguous() : host(t);
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), to_count(buf.numel(), "all_reduce"),
-                         reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), data_, &req),
+                         mpi_reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), data_, &req),
           "MPI_Iallreduce");
     wait({req}, "all_reduce", {buf});
     if (buf.data_ptr() != t.data_ptr()) {
@@ -376,7 +376,7 @@ class MpiCommunicator : public Communicator {
     at::Tensor out = rank_ == root ? at::empty_like(buf) : at::Tensor();
     MPI_Request req;
     check(MPI_Ireduce(buf.data_ptr(), out.defined() ? out.data_ptr() : nullptr, to_count(buf.numel(), "reduce"),
-                      reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), root, data_, &req),
+                      mpi_reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), root, data_, &req),
           "MPI_Ireduce");
     wait({req}, "reduce", {buf, out});
     if (!out.defined()) return out;
@@ -398,7 +398,7 @@ class MpiCommunicator : public Communicator {
     at::Tensor out = at::empty(sizes, buf.options());
     MPI_Request req;
     check(MPI_Ireduce_scatter_block(buf.data_ptr(), out.data_ptr(), to_count(out.numel(), "reduce_scatter"),
-                                    reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), data_, &req),
+                                    mpi_reduce_type(buf.scalar_type()), mpi_op(op, t.scalar_type()), data_, &req),
           "MPI_Ireduce_scatter_block");
     wait({req}, "reduce_scatter", {buf, out});
     return out.to(t.device(), t.scalar_type());

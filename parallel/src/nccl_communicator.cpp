@@ -62,7 +62,7 @@ cudaStream_t collective_stream(int device) {
 // Movement treats every dtype as bytes; reductions need the element type.
 // NCCL has no int16 and no bool reduction: int16 is widened to int32, bool
 // travels as uint8 where max is "or" and min is "and".
-ncclDataType_t reduce_type(at::ScalarType t) {
+ncclDataType_t nccl_reduce_type(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return ncclFloat64;
     case at::kFloat: return ncclFloat32;
@@ -227,7 +227,7 @@ class NcclCommunicator : public Communicator {
     agree(t, "all_reduce");
     at::Tensor buf = widen(t);
     run("ncclAllReduce", [&](cudaStream_t s) {
-      return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), reduce_type(buf.scalar_type()),
+      return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), nccl_reduce_type(buf.scalar_type()),
                            nccl_op(op, t.scalar_type()), comm_, s);
     });
     if (buf.data_ptr() != t.data_ptr()) t.copy_(buf);
@@ -238,7 +238,7 @@ class NcclCommunicator : public Communicator {
     agree(t, "reduce");
     at::Tensor buf = widen(t).clone();
     run("ncclReduce", [&](cudaStream_t s) {
-      return ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), reduce_type(buf.scalar_type()),
+      return ncclReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), nccl_reduce_type(buf.scalar_type()),
                         nccl_op(op, t.scalar_type()), root, comm_, s);
     });
     return rank_ == root ? buf.to(t.scalar_type()) : at::Tensor();
@@ -255,7 +255,7 @@ class NcclCommunicator : public Communicator {
     sizes[0] /= size_;
     at::Tensor out = at::empty(sizes, buf.options());
     run("ncclReduceScatter", [&](cudaStream_t s) {
-      return ncclReduceScatter(buf.data_ptr(), out.data_ptr(), out.numel(), reduce_type(buf.scalar_type()),
+      return ncclReduceScatter(buf.data_ptr(), out.data_ptr(), out.numel(), nccl_reduce_type(buf.scalar_type()),
                                nccl_op(op, t.scalar_type()), comm_, s);
     });
     return out.to(t.scalar_type());

@@ -44,7 +44,9 @@ TEST(CaptureByReference, UnchangedOutputsAreSharedNotCopied) {
     EXPECT_TRUE(at::equal(fm.output().at("lin")[0], by_hand(*m, x)));
     EXPECT_TRUE(at::equal(fm.output().at("")[0], out));
     // After the first forward (which also copies, to find out), the capture is the output itself.
-    if (f > 0) EXPECT_EQ(fm.output().at("")[0].data_ptr(), out.data_ptr()) << "forward " << f;
+    if (f > 0) {
+      EXPECT_EQ(fm.output().at("")[0].data_ptr(), out.data_ptr()) << "forward " << f;
+    }
     fm.clear();
   }
 }

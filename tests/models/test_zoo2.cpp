@@ -83,7 +83,9 @@ TEST(Gemma2, AttentionProbsAreSoftCappedAndWindowedAsTheFormulaSays) {
     if (l == 0) visible = visible.logical_and(j.gt(i - 4));
     at::Tensor expected = at::softmax(s.masked_fill(visible.logical_not(), -1e30), -1);
     EXPECT_TRUE(close(probs[l], expected, "layer " + std::to_string(l) + " probs", 1e-6, 1e-5));
-    if (l == 0) EXPECT_EQ(probs[l].masked_select(visible.logical_not()).abs().max().item<float>(), 0.0f);
+    if (l == 0) {
+      EXPECT_EQ(probs[l].masked_select(visible.logical_not()).abs().max().item<float>(), 0.0f);
+    }
   }
 }
 

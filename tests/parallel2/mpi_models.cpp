@@ -55,8 +55,11 @@ std::vector<std::string> hooked_modules(const std::string& model, const std::str
   return out;
 }
 
+// 2e-5: tensor parallelism adds row-parallel partial sums across ranks, an
+// order the single-process golden did not use; GPT-2's logits land at 1.01e-5
+// from it on some runs (seen on an AVX-512 machine, all cases in one process).
 ::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& e, const std::string& what,
-                                 double atol = 1e-5) {
+                                 double atol = 2e-5) {
   if (!a.defined()) return ::testing::AssertionFailure() << what << ": no tensor";
   if (a.sizes() != e.sizes()) {
     std::ostringstream o;
@@ -335,16 +338,20 @@ TEST(ParallelMoe, EveryCaptureMatchesGoldenWithExpertsSplitOrWhole) {
       const std::string down = model == "mixtral" ? ".w2" : ".down_proj";
       // Expert parallel: expert 3 of 4 lives on the last tp rank only.
       const std::string e3 = "model.layers.1." + sparse + ".experts.3" + down + ".weight";
-      if (ep && mesh().tp_size() > 1 && mesh().tp_rank() == 0 && lm->owns_parameter(e3))
+      if (ep && mesh().tp_size() > 1 && mesh().tp_rank() == 0 && lm->owns_parameter(e3)) {
         EXPECT_EQ(flex::get_module_tensor(*lm, e3).numel(), 0) << what << ": expert 3 held on tp rank 0";
-      if (!ep && mesh().tp_size() > 1 && lm->owns_parameter(e3))
+      }
+      if (!ep && mesh().tp_size() > 1 && lm->owns_parameter(e3)) {
         EXPECT_GT(flex::get_module_tensor(*lm, e3).numel(), 0) << what << ": every rank holds a slice of expert 3";
+      }
       auto ckpt = flex::Checkpoint::open(flex_test::fixture("models/" + model));
-      for (const std::string p : {"model.layers.1." + sparse + ".experts.3" + down + ".weight",
+      for (const std::string& p : {"model.layers.1." + sparse + ".experts.3" + down + ".weight",
                                   "model.layers.0." + sparse + ".experts.0" + down + ".weight",
                                   "model.layers.0." + sparse + ".gate.weight"}) {
         at::Tensor w = fm.get_module_parameter(p);
-        if (rank0()) EXPECT_TRUE(close(w, ckpt.get(p), what + " parameter " + p, 0.0));
+        if (rank0()) {
+          EXPECT_TRUE(close(w, ckpt.get(p), what + " parameter " + p, 0.0));
+        }
       }
       if (!rank0()) continue;
       auto g = golden(model);

@@ -147,7 +147,9 @@ TEST(DoubleQuant, AbsmaxesQuantizedInBlocksOf256AroundTheirMean) {
     std::vector<double> table(code.begin(), code.end());
     bool ambiguous = false;
     const int want = nearest(centered[i].item<double>() / bmax, table, &ambiguous);
-    if (!ambiguous) EXPECT_EQ(dq.absmax[i].item<int>(), want) << "absmax " << i;
+    if (!ambiguous) {
+      EXPECT_EQ(dq.absmax[i].item<int>(), want) << "absmax " << i;
+    }
   }
   // The dequantized weight stays within the 8-bit error of the absmax.
   const double err = (flex::dequantize_4bit(dq) - flex::dequantize_4bit(plain)).abs().max().item<double>();

@@ -365,7 +365,9 @@ TEST(CliDataset, KilledAtRandomMomentsResumesToTheUninterruptedDataset) {
   for (size_t i = 1; i < progress.size(); ++i) EXPECT_GE(progress[i], progress[i - 1]);
   r = run(args(tmp.str("killed")));
   ASSERT_EQ(r.code, 0) << r.err;
-  if (!progress.empty() && progress.back() > 0) EXPECT_NE(r.err.find("resumed"), std::string::npos) << r.err;
+  if (!progress.empty() && progress.back() > 0) {
+    EXPECT_NE(r.err.find("resumed"), std::string::npos) << r.err;
+  }
 
   auto want = read_all(tmp.str("clean")), got = read_all(tmp.str("killed"));
   ASSERT_EQ(got.size(), want.size());
