@@ -76,6 +76,17 @@ at::Tensor causal_bias(int64_t n, const c10::Device& device) {
   return at::ones({n, n}, at::TensorOptions().dtype(at::kBool).device(device)).tril().view({1, 1, n, n});
 }
 
+namespace {
+// The last plain causal mask allowed_mask made on this thread and its version
+// counter (bumped by in-place edits). Weak: the memo keeps no mask alive, and
+// a dead mask's address cannot be reused while the weak reference exists.
+struct PlainCausalMemo {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl{at::Tensor().getIntrusivePtr()};
+  int64_t version = -1;
+};
+thread_local PlainCausalMemo plain_causal_memo;
+}  // namespace
+
 at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,
                         const c10::Device& device) {
   if (!attention_mask.defined() && t == 1) return {};
@@ -84,8 +95,19 @@ at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t
   at::Tensor q = at::arange(past, s, opts).unsqueeze(1);
   at::Tensor k = at::arange(0, s, opts).unsqueeze(0);
   at::Tensor m = k.le(q).view({1, 1, t, s});
-  if (attention_mask.defined()) m = m.logical_and(attention_mask.to(device).view({batch, 1, 1, s}));
+  if (attention_mask.defined()) {
+    m = m.logical_and(attention_mask.to(device).view({batch, 1, 1, s}));
+  } else if (past == 0) {
+    plain_causal_memo.impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(m.getIntrusivePtr());
+    plain_causal_memo.version = m._version();
+  }
   return m;
+}
+
+bool is_plain_causal(const at::Tensor& mask) {
+  if (!mask.defined()) return false;
+  const auto known = plain_causal_memo.impl.lock();
+  return known.get() == mask.unsafeGetTensorImpl() && mask._version() == plain_causal_memo.version;
 }
 
 Inputs block_inputs(const at::Tensor& hidden, const at::Tensor& mask, const c10::intrusive_ptr<KVCache>& cache,
@@ -132,8 +154,7 @@ at::Tensor first_tensor(const Value& v, const std::string& who) {
   throw ConfigError(who + " returned " + v.tagKind() + " where a tensor or a tuple starting with one was expected");
 }
 
-namespace {
-double lowest(at::ScalarType t) {
+double lowest_value(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return std::numeric_limits<double>::lowest();
     case at::kHalf: return -65504.0;
@@ -141,10 +162,9 @@ double lowest(at::ScalarType t) {
     default: return std::numeric_limits<float>::lowest();
   }
 }
-}  // namespace
 
 at::Tensor masked_softmax(at::Tensor scores, const at::Tensor& allowed, bool upcast) {
-  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), lowest(scores.scalar_type()));
+  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), lowest_value(scores.scalar_type()));
   if (upcast && scores.scalar_type() != at::kFloat)
     return at::softmax(scores, -1, at::kFloat).to(scores.scalar_type());
   return at::softmax(scores, -1);

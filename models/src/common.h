@@ -38,6 +38,14 @@ at::Tensor causal_bias(int64_t n, const c10::Device& device);
 at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,
                         const c10::Device& device);
 
+/// True when `mask` is the plain causal [1, 1, T, T] mask allowed_mask made
+/// last on this thread (no padding, no past) and nobody has edited it since:
+/// attention may then use the fused kernel's causal mode, which needs no mask.
+/// Recognised by identity, so that blocks and hooks keep seeing the bool mask
+/// they always saw; a mask replaced by a hook or copied to another device is
+/// simply not recognised and is applied as a mask (same result, slower kernel).
+bool is_plain_causal(const at::Tensor& mask);
+
 /// Block kwargs: attention_mask (bool or None), past_key_value (cache or None),
 /// position_embeddings (cos, sin) when rotary, position_ids when given (for
 /// architectures whose attention layers compute RoPE themselves).
@@ -61,6 +69,9 @@ Inputs attention_inputs(const at::Tensor& x, const BlockCall& call);
 at::Tensor effective_mask(const BlockCall& call, int64_t q_len, int64_t k_len);
 /// The element-0 tensor of a module output (tensor or tuple).
 at::Tensor first_tensor(const Value& v, const std::string& who);
+
+/// The dtype's lowest finite value (HF's finfo.min): what masked scores become.
+double lowest_value(at::ScalarType t);
 
 /// softmax over the last dim of `scores` with masked entries set to the
 /// dtype's lowest value first (HF's finfo.min), optionally in float32.

@@ -2,6 +2,7 @@
 // architectures is a DecoderArch switch or a config number; the order in which
 // children are registered and called is each architecture's own, so names,
 // named_modules() and hook order match Transformers.
+#include "attention.h"
 #include "common.h"
 
 #include <flex/hooks/errors.h>
@@ -162,25 +163,26 @@ Value DecoderAttention::forward(Inputs inputs) {
     v = detail::repeat_kv(v, h / kvh);
   }
 
-  at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+  detail::AttendOptions ao;
   if (arch_.multiply_scale) {
     const double scalar = cfg_.query_pre_attn_scalar > 0 ? cfg_.query_pre_attn_scalar : static_cast<double>(d);
-    scores = scores * std::pow(scalar, -0.5);
+    ao.multiply = std::pow(scalar, -0.5);
   } else {
-    scores = scores / std::sqrt(static_cast<double>(d));
+    ao.divide = {std::sqrt(static_cast<double>(d))};
   }
-  if (cfg_.attn_logit_softcapping > 0) scores = soft_cap(scores, cfg_.attn_logit_softcapping);
+  ao.softcap = cfg_.attn_logit_softcapping;
+  ao.upcast_softmax = true;
+  ao.dropout_p = detail::raw_number(cfg_, "attention_dropout", 0.0);
+  ao.training = is_training();
   const int64_t s = k.size(2);
   at::Tensor allowed = detail::effective_mask(call, t, s);
-  if (cfg_.layer_slides(layer_idx_) && s > 1) {
+  // Within the first `sliding_window` positions the window hides nothing:
+  // leaving it out keeps the plain causal mask (and its fused kernel).
+  if (cfg_.layer_slides(layer_idx_) && s > cfg_.sliding_window) {
     at::Tensor win = window_mask(t, s, cfg_.sliding_window, x.device());
     allowed = allowed.defined() ? allowed.logical_and(win) : win;
   }
-  at::Tensor probs = detail::masked_softmax(scores, allowed, /*upcast=*/true);
-  probs = (*hook_attn_probs)(probs);
-  const double p = detail::raw_number(cfg_, "attention_dropout", 0.0);
-  if (is_training() && p > 0) probs = at::dropout(probs, p, true);
-  at::Tensor z = at::matmul(probs, v).transpose(1, 2);  // [B, T, H, D]
+  at::Tensor z = detail::attend(q, k, v, allowed, ao, *hook_attn_probs).transpose(1, 2);  // [B, T, H, D]
   z = (*hook_head_out)(z);
   at::Tensor out = (*o_proj)(z.reshape({b, t, h * d}));
   return detail::tuple_of({out, Value(), Value()});

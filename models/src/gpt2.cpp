@@ -1,3 +1,4 @@
+#include "attention.h"
 #include "common.h"
 
 #include <flex/hooks/empty_init.h>
@@ -46,15 +47,13 @@ Value GPT2Attention::forward(Inputs inputs) {
     throw ShapeError("GPT2Attention layer " + std::to_string(layer_idx_) + ": " + std::to_string(s) +
                      " positions exceed n_positions " + std::to_string(cfg_.max_position_embeddings));
 
-  const bool upcast = cfg_.reorder_and_upcast_attn;
-  at::Tensor scores = upcast ? at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2))
-                             : at::matmul(q, k.transpose(-1, -2));
-  if (cfg_.scale_attn_weights) scores = scores / std::sqrt(static_cast<double>(d));
-  if (cfg_.scale_attn_by_inverse_layer_idx) scores = scores / static_cast<double>(layer_idx_ + 1);
-  at::Tensor probs = detail::masked_softmax(scores, detail::effective_mask(call, t, s), false).to(v.scalar_type());
-  probs = (*hook_attn_probs)(probs);
-  probs = (*attn_dropout)(probs);
-  at::Tensor z = at::matmul(probs, v).permute({0, 2, 1, 3});  // [B, T, H, D]
+  detail::AttendOptions ao;
+  ao.upcast_scores = cfg_.reorder_and_upcast_attn;  // scores and softmax in float32, probabilities cast back
+  if (cfg_.scale_attn_weights) ao.divide.push_back(std::sqrt(static_cast<double>(d)));
+  if (cfg_.scale_attn_by_inverse_layer_idx) ao.divide.push_back(static_cast<double>(layer_idx_ + 1));
+  ao.dropout_module = attn_dropout.get();
+  at::Tensor z = detail::attend(q, k, v, detail::effective_mask(call, t, s), ao, *hook_attn_probs)
+                     .permute({0, 2, 1, 3});  // [B, T, H, D]
   z = (*hook_head_out)(z);
   at::Tensor out = (*c_proj)(z.reshape({b, t, c}));
   out = (*resid_dropout)(out);

@@ -1,3 +1,4 @@
+#include "attention.h"
 #include "common.h"
 
 #include <flex/hooks/errors.h>
@@ -50,13 +51,13 @@ Value GPTNeoXAttention::forward(Inputs inputs) {
   q = rotate(q);
   k = rotate(k);
   if (call.cache) std::tie(k, v) = call.cache->update(layer_idx_, k, v);
-  const double norm_factor = 1.0 / std::sqrt(static_cast<double>(d));
-  at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * norm_factor;
-  at::Tensor probs = detail::masked_softmax(scores, detail::effective_mask(call, t, k.size(2)), /*upcast=*/true)
-                         .to(v.scalar_type());
-  probs = (*hook_attn_probs)(probs);
-  if (is_training() && attention_dropout->p > 0) probs = at::dropout(probs, attention_dropout->p, true);
-  at::Tensor z = at::matmul(probs, v).permute({0, 2, 1, 3});  // [B, T, H, D]
+  detail::AttendOptions ao;
+  ao.multiply = 1.0 / std::sqrt(static_cast<double>(d));  // Transformers' norm_factor
+  ao.upcast_softmax = true;
+  ao.dropout_p = attention_dropout->p;
+  ao.training = is_training();
+  at::Tensor z = detail::attend(q, k, v, detail::effective_mask(call, t, k.size(2)), ao, *hook_attn_probs)
+                     .permute({0, 2, 1, 3});  // [B, T, H, D]
   z = (*hook_head_out)(z);
   at::Tensor out = (*dense)(z.reshape({b, t, h * d}));
   return detail::tuple_of({out, Value()});

@@ -4,7 +4,8 @@
 // positions, gelu_new, pre-LayerNorm blocks, lm_head tied to wte.
 // Names: transformer.{wte,wpe,drop,h.N.{ln_1,attn.{c_attn,c_proj,attn_dropout,
 // resid_dropout},ln_2,mlp.{c_fc,c_proj,act,dropout}},ln_f}, lm_head.
-// attn.attn_dropout outputs the attention probabilities. Hook points: see causal_lm.h.
+// attn.attn_dropout outputs the attention probabilities (called only when they are
+// materialized: a hook on it or on hook_attn_probs, or training). Hook points: see causal_lm.h.
 #include <flex/hooks/nn.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/rotary.h>

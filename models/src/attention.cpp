@@ -1,0 +1,137 @@
+#include "attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <utility>
+
+namespace flex::detail {
+
+namespace {
+
+std::atomic<int64_t> attend_block_budget{int64_t{64} << 20};
+thread_local AttendTrace attend_trace;
+
+// The probabilities [B, H, T, S] (T: the rows of q given), in v's dtype: the
+// eager arithmetic, shared by the eager and the chunked path.
+at::Tensor attention_probabilities(const at::Tensor& q, const at::Tensor& k, const at::Tensor& allowed,
+                                   const AttendOptions& o, at::ScalarType out_dtype) {
+  at::Tensor scores = o.upcast_scores ? at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2))
+                                      : at::matmul(q, k.transpose(-1, -2));
+  if (o.multiply != 1.0) scores = scores * o.multiply;
+  for (double d : o.divide)
+    if (d != 1.0) scores = scores / d;
+  if (o.softcap > 0) scores = at::tanh(scores / o.softcap) * o.softcap;
+  // Moved: at most two score-sized tensors are alive at any step.
+  return masked_softmax(std::move(scores), allowed, o.upcast_softmax).to(out_dtype);
+}
+
+at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                           const AttendOptions& o, Module& hook_attn_probs) {
+  at::Tensor probs = hook_attn_probs(attention_probabilities(q, k, allowed, o, v.scalar_type()));
+  if (o.dropout_module)
+    probs = (*o.dropout_module)(probs);
+  else if (o.training && o.dropout_p > 0)
+    probs = at::dropout(probs, o.dropout_p, /*train=*/true);
+  return at::matmul(probs, v);
+}
+
+// Blocks of queries whose scores fit the budget; each block's softmax is over
+// all S keys, so the rows come out as the eager path computes them.
+at::Tensor chunked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                             const AttendOptions& o) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), s = k.size(2);
+  const int64_t elem = std::max<int64_t>(4, q.element_size());  // scores are float32 at least when upcast
+  const int64_t rows = q.is_meta() ? t : query_block_rows(b, h, t, s, elem, attention_block_budget());
+  attend_trace.path = AttendTrace::Path::Chunked;
+  attend_trace.blocks = (t + rows - 1) / rows;
+  attend_trace.largest_block_bytes = b * h * std::min(rows, t) * s * elem;
+  if (rows >= t) return at::matmul(attention_probabilities(q, k, allowed, o, v.scalar_type()), v);
+  // A mask with one query row (a padding-only mask) applies to every block as it is.
+  const bool per_query = allowed.defined() && allowed.size(-2) == t;
+  std::vector<at::Tensor> parts;
+  for (int64_t start = 0; start < t; start += rows) {
+    const int64_t n = std::min(rows, t - start);
+    const at::Tensor block_mask = per_query ? allowed.narrow(-2, start, n) : allowed;
+    parts.push_back(at::matmul(attention_probabilities(q.narrow(2, start, n), k, block_mask, o, v.scalar_type()), v));
+  }
+  return at::cat(parts, 2);
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+// at::scaled_dot_product_attention with the eager path's masking. A bool
+// mask becomes an additive one holding the dtype's lowest finite value, not
+// SDPA's -inf: a query row that sees no key must average all values (eager's
+// masked_fill(lowest) + softmax), not produce NaN. Kernels differ in whether
+// they absorb scores into that value exactly (float32 accumulation of a
+// float16 mask does not), so such rows are set to the mean of v explicitly.
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                           bool causal, double scale) {
+  attend_trace.path = AttendTrace::Path::Fused;
+  attend_trace.causal_kernel = causal;
+  at::Tensor mask;
+  if (allowed.defined() && !causal)
+    mask = at::zeros(allowed.sizes(), q.options()).masked_fill_(allowed.logical_not(), lowest_value(q.scalar_type()));
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1
+  // 2.1+: (query, key, value, attn_mask, dropout_p, is_causal, scale[, enable_gqa]).
+  at::Tensor z = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale)
+                                : at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, scale);
+#else
+  // 2.0 has no scale argument and scales by 1/sqrt(D): fold ours into q.
+  const at::Tensor qs = q * (scale * std::sqrt(static_cast<double>(q.size(-1))));
+  at::Tensor z = mask.defined() ? at::scaled_dot_product_attention(qs, k, v, mask, 0.0, false)
+                                : at::scaled_dot_product_attention(qs, k, v, {}, 0.0, causal);
+#endif
+  if (mask.defined()) {
+    const at::Tensor blind = allowed.logical_not().all(-1, /*keepdim=*/true);  // [B|1, 1, T|1, 1]
+    z = at::where(blind, v.mean(-2, /*keepdim=*/true).to(z.scalar_type()), z);
+  }
+  return z;
+}
+#endif
+
+}  // namespace
+
+double AttendOptions::scale() const {
+  double s = multiply;
+  for (double d : divide) s /= d;
+  return s;
+}
+
+bool has_hook(const Module& m) { return m.model_hook() != nullptr || m.num_registered_hooks() > 0; }
+
+int64_t query_block_rows(int64_t b, int64_t h, int64_t t, int64_t s, int64_t element_bytes, int64_t budget_bytes) {
+  const int64_t row_bytes = std::max<int64_t>(1, b * h * s * element_bytes);
+  return std::clamp<int64_t>(budget_bytes / row_bytes, 1, std::max<int64_t>(t, 1));
+}
+
+int64_t attention_block_budget() { return attend_block_budget.load(std::memory_order_relaxed); }
+void set_attention_block_budget(int64_t bytes) { attend_block_budget.store(std::max<int64_t>(bytes, 1)); }
+
+const AttendTrace& last_attend_trace() { return attend_trace; }
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                  const AttendOptions& opts, Module& hook_attn_probs) {
+  attend_trace = AttendTrace{};
+  const bool dropout_on = opts.dropout_module ? opts.dropout_module->is_training() && opts.dropout_module->p > 0
+                                              : opts.training && opts.dropout_p > 0;
+  if (has_hook(hook_attn_probs) || (opts.dropout_module && has_hook(*opts.dropout_module)) || dropout_on) {
+    attend_trace.path = AttendTrace::Path::Eager;
+    return eager_attention(q, k, v, allowed, opts, hook_attn_probs);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  // The fused kernel cannot soft-cap logits; it runs in q's dtype (flash and
+  // memory-efficient kernels accumulate the softmax in float32 anyway).
+  if (opts.softcap <= 0 && !q.is_meta()) {
+    // is_causal aligns the diagonal top-left, so it stands for our mask only when T == S.
+    const bool causal = q.size(2) == k.size(2) && is_plain_causal(allowed);
+    return fused_attention(q, k, v, allowed, causal, opts.scale());
+  }
+#endif
+  return chunked_attention(q, k, v, allowed, opts);
+}
+
+}  // namespace flex::detail
