@@ -1,5 +1,5 @@
-// Attention with and without a hook on the probabilities (DESIGN.md decision
-// 14): a Llama-shaped model (4 layers, 512 wide, 8 query heads over 4
+// Attention with and without a hook on the probabilities (docs/design.md
+// decision 14): a Llama-shaped model (4 layers, 512 wide, 8 query heads over 4
 // key/value heads of 64, vocab 4096, random weights) run on one sequence of T
 // tokens, unhooked (fused kernel on libtorch 2.x; blocks of queries under 64
 // MiB on 1.13) and with an identity hook on every hook_attn_probs (the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer builds and runs (clang 14).
+# Sanitizer builds and runs (clang 14, against the same libtorch 2.x as the main build).
 #
 #   scripts/ci-sanitizers.sh [asan|tsan|all]      (default: all)
 #
@@ -22,17 +22,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-all}
 jobs=${FLEX_JOBS:-$(nproc)}
 
-# clang, its sanitizer/fuzzer runtimes and lld (Debian 12 packages), installed when missing.
-need=()
-for p in clang libclang-rt-14-dev lld; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-  echo "sanitizers: installing ${need[*]}" >&2
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# clang, its sanitizer/fuzzer runtimes and lld: install-deps.sh --tests
+# installs them when missing (a few dpkg queries otherwise).
+bash "$root/scripts/install-deps.sh" --tests
 
 asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
   dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map

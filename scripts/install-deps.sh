@@ -1,23 +1,46 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages flexmodel needs, only when one is missing
-# (so a second run costs a few dpkg queries). Must run as root on a fresh machine.
-#   install-deps.sh [--tests]   --tests adds what only the test suite uses
-#                               (Chromium, for the report's browser test)
+# Installs what flexmodel needs, only what is missing (a second run costs a
+# few dpkg queries and one Python import). Runs as root on a fresh Debian 12.
+#   install-deps.sh [--tests]   --tests adds what only the test suite uses:
+#                               Chromium (the report's browser test), clang,
+#                               lld and compiler-rt (the sanitizer and fuzz
+#                               stages), valgrind.
+#
+# libtorch comes from PyTorch's wheel, pinned: installed first and on its own,
+# because any later package that asks for "torch" unpinned would otherwise
+# pull the newest CUDA build (several GB). FLEX_TORCH_VERSION overrides the
+# pin; FLEX_PYTHON names the interpreter (default python3).
 set -euo pipefail
+torch_version=${FLEX_TORCH_VERSION:-2.13.0}
+python=${FLEX_PYTHON:-python3}
+SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+
 pkgs=(build-essential cmake ninja-build ccache pkg-config
-      libtorch-dev libopenblas0-pthread
       libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libfmt-dev libpcre2-dev
-      libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev)
-if [ "${1:-}" = "--tests" ]; then pkgs+=(chromium); fi
+      libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
+      python3-pip)
+if [ "${1:-}" = "--tests" ]; then pkgs+=(chromium clang lld libclang-rt-14-dev valgrind); fi
+# A pyenv or venv interpreter brings its own pip: Debian's is then not needed.
+if "$python" -m pip --version >/dev/null 2>&1; then pkgs=("${pkgs[@]/python3-pip}"); fi
 missing=()
 for p in "${pkgs[@]}"; do
+  [ -n "$p" ] || continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "flexmodel: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# PyTorch (its libtorch: headers, libraries, share/cmake/Torch).
+have=$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+if [ "${have%%+*}" != "$torch_version" ]; then
+  echo "flexmodel: installing torch==$torch_version (found: ${have:-none})" >&2
+  # Debian's own Python marks its site-packages as externally managed.
+  extra=()
+  "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
+  "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" "torch==$torch_version"
 fi

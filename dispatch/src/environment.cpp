@@ -12,7 +12,7 @@
 #include <cstring>
 #include <sstream>
 
-extern char** environ;
+#include <unistd.h>  // environ
 
 namespace flex {
 

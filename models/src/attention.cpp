@@ -1,7 +1,6 @@
 #include "attention.h"
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -61,7 +60,6 @@ at::Tensor chunked_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return at::cat(parts, 2);
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 // at::scaled_dot_product_attention with the eager path's masking. A bool
 // mask becomes an additive one holding the dtype's lowest finite value, not
 // SDPA's -inf: a query row that sees no key must average all values (eager's
@@ -75,23 +73,15 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor mask;
   if (allowed.defined() && !causal)
     mask = at::zeros(allowed.sizes(), q.options()).masked_fill_(allowed.logical_not(), lowest_value(q.scalar_type()));
-#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1
-  // 2.1+: (query, key, value, attn_mask, dropout_p, is_causal, scale[, enable_gqa]).
+  // (query, key, value, attn_mask, dropout_p, is_causal, scale[, enable_gqa]).
   at::Tensor z = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale)
                                 : at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, scale);
-#else
-  // 2.0 has no scale argument and scales by 1/sqrt(D): fold ours into q.
-  const at::Tensor qs = q * (scale * std::sqrt(static_cast<double>(q.size(-1))));
-  at::Tensor z = mask.defined() ? at::scaled_dot_product_attention(qs, k, v, mask, 0.0, false)
-                                : at::scaled_dot_product_attention(qs, k, v, {}, 0.0, causal);
-#endif
   if (mask.defined()) {
     const at::Tensor blind = allowed.logical_not().all(-1, /*keepdim=*/true);  // [B|1, 1, T|1, 1]
     z = at::where(blind, v.mean(-2, /*keepdim=*/true).to(z.scalar_type()), z);
   }
   return z;
 }
-#endif
 
 }  // namespace
 
@@ -122,7 +112,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     attend_trace.path = AttendTrace::Path::Eager;
     return eager_attention(q, k, v, allowed, opts, hook_attn_probs);
   }
-#if TORCH_VERSION_MAJOR >= 2
   // The fused kernel cannot soft-cap logits; it runs in q's dtype (flash and
   // memory-efficient kernels accumulate the softmax in float32 anyway).
   if (opts.softcap <= 0 && !q.is_meta()) {
@@ -130,7 +119,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const bool causal = q.size(2) == k.size(2) && is_plain_causal(allowed);
     return fused_attention(q, k, v, allowed, causal, opts.scale());
   }
-#endif
   return chunked_attention(q, k, v, allowed, opts);
 }
 

@@ -1,20 +1,20 @@
 #pragma once
 // The attention core GPT-2, GPT-NeoX and the Llama family share:
 // z = softmax(mask(scale(q k^T))) v, computed one of three ways, so that the
-// [B, H, T, S] probabilities exist only when a hook asks for them (DESIGN.md
-// decision 14: pay only for what is hooked).
+// [B, H, T, S] probabilities exist only when a hook asks for them
+// (docs/design.md decision 14: pay only for what is hooked).
 //
 //   eager    the probabilities materialized and passed through the module's
 //            hook_attn_probs point (which may edit them), then dropout. Taken
 //            when that point (or GPT-2's attn_dropout module) has a hook, or
 //            when dropout is active. Bit for bit the computation the
 //            architectures did before this file existed.
-//   fused    at::scaled_dot_product_attention, libtorch >= 2.0: flash /
-//            memory-efficient kernels that keep nothing of size T x S.
+//   fused    at::scaled_dot_product_attention: flash / memory-efficient
+//            kernels that keep nothing of size T x S.
 //   chunked  the eager arithmetic over blocks of queries, each block's scores
-//            under a memory budget: libtorch 1.13 (no fused kernel) and Gemma 2's
-//            soft-capping (which the fused kernel cannot apply). T == 1
-//            (decoding) and short inputs are one block.
+//            under a memory budget: Gemma 2's soft-capping (which the fused
+//            kernel cannot apply) and meta tensors. T == 1 (decoding) and
+//            short inputs are one block.
 // Internal to the models library; tests include it for the knobs below.
 #include "common.h"
 

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -670,3 +671,22 @@ std::shared_ptr<Communicator> make_mpi_world_communicator(const CommOptions& opt
 }  // namespace flex
 
 #endif  // FLEX_HAVE_MPI
+
+namespace flex {
+
+std::string mpi_library_version() {
+#ifdef FLEX_HAVE_MPI
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return "unknown version";
+  std::string line(text, static_cast<size_t>(std::max(length, 0)));
+  const auto end = line.find_first_of("\n\r");  // the first line names the library and version
+  if (end != std::string::npos) line.resize(end);
+  while (!line.empty() && (line.back() == ',' || line.back() == ' ' || line.back() == '\0')) line.pop_back();
+  return line;
+#else
+  return "";
+#endif
+}
+
+}  // namespace flex

@@ -5,6 +5,7 @@
 
 namespace flex {
 bool nccl_available() { return false; }
+std::string nccl_library_version() { return ""; }
 }  // namespace flex
 
 #else
@@ -24,6 +25,14 @@ bool nccl_available() { return false; }
 namespace flex {
 
 bool nccl_available() { return true; }
+
+std::string nccl_library_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown version";
+  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9 (major * 1000 + ... before).
+  const int major = v >= 10000 ? v / 10000 : v / 1000, rest = v >= 10000 ? v % 10000 : v % 1000;
+  return std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
+}
 
 namespace {
 

@@ -20,9 +20,8 @@ void set_seed(uint64_t seed, bool device_specific, const Communicator* comm) {
     gen.set_current_seed(seed);
   }
   if (at::globalContext().hasCUDA()) {
-    const auto& hooks = at::detail::getCUDAHooks();
-    for (int d = 0; d < hooks.getNumGPUs(); ++d) {
-      auto gen = hooks.getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(d));
+    for (size_t d = 0; d < at::getNumGPUs(); ++d) {
+      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d)));
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_current_seed(seed);
     }
@@ -36,10 +35,9 @@ void synchronize_rng_state(Communicator& comm, RngType type, at::Generator* gene
       gen = at::detail::getDefaultCPUGenerator();
       break;
     case RngType::Cuda:
-      if (!at::globalContext().hasCUDA() || at::detail::getCUDAHooks().getNumGPUs() == 0)
+      if (!at::globalContext().hasCUDA() || at::getNumGPUs() == 0)
         throw ConfigError("synchronize_rng_state: RngType::Cuda without a CUDA device");
-      gen = at::detail::getCUDAHooks().getDefaultCUDAGenerator(
-          static_cast<c10::DeviceIndex>(at::detail::getCUDAHooks().current_device()));
+      gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, at::detail::getCUDAHooks().current_device()));
       break;
     case RngType::Generator:
       if (!generator || !generator->defined())

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>  // environ
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/version.h>
 
@@ -52,7 +53,6 @@ TEST(Environment, ClearEmptiesAndRestoresExactly) {
     flex::ClearEnvironment c;
     EXPECT_EQ(std::getenv("FLEX_KEEP"), nullptr);
     EXPECT_EQ(std::getenv("PATH"), nullptr);
-    extern char** environ;
     EXPECT_TRUE(environ == nullptr || environ[0] == nullptr);
     ::setenv("FLEX_KEEP", "new_bar", 1);
     ::setenv("FLEX_INSIDE", "1", 1);
@@ -127,7 +127,7 @@ TEST(LoadStateDict, EveryTensorOnTheDeviceItsModuleMapsTo) {
     for (const auto& [k, t] : sd) {
       auto it = std::find_if(got.begin(), got.end(), [&](const auto& kv) { return kv.first == k; });
       ASSERT_NE(it, got.end()) << k;
-      EXPECT_TRUE(at::equal(it->second, t)) << k;
+      EXPECT_TRUE(flex_test::equal(it->second, t)) << k;
     }
   }
   flex::DeviceMap map{{"a", flex::MapDevice::cpu()}, {"b", flex::MapDevice::disk()}};
@@ -151,7 +151,7 @@ TEST(Save, OneProcessWritesAtomicallyWhatTorchLoadReads) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const flex::Value back = torch::jit::pickle_load(bytes);
   EXPECT_EQ(back.toGenericDict().at("step").toInt(), 12);
-  EXPECT_TRUE(at::equal(back.toGenericDict().at("w").toTensor(), at::arange(6).reshape({2, 3})));
+  EXPECT_TRUE(flex_test::equal(back.toGenericDict().at("w").toTensor(), at::arange(6).reshape({2, 3})));
   EXPECT_THROW(flex::save(flex::Value(d), tmp.str("missing/dir/state.pt")), flex::IOError);
   EXPECT_FALSE(fs::exists(tmp.str("missing")));
 }
@@ -170,7 +170,7 @@ TEST(ExtractModelFromParallel, TheWrappedModuleWithOrWithoutHooks) {
   EXPECT_EQ(bare.get(), lin.get());
   const at::Tensor x = at::randn({1, 3});
   const at::Tensor y = (*bare)(flex::Inputs{flex::Value(x)}).toTensor();
-  EXPECT_TRUE(at::equal(y, at::linear(x, lin->weight, lin->bias)));
+  EXPECT_TRUE(flex_test::equal(y, at::linear(x, lin->weight, lin->bias)));
   EXPECT_EQ(fm.output().count(""), 0u) << "hooks removed";
 }
 
@@ -182,8 +182,8 @@ TEST(ConvertOutputsToFp32, HalfPrecisionLeavesOfTheResultBecomeFloat) {
   auto wrapped = flex::convert_outputs_to_fp32(forward);
   const at::Tensor x = at::randn({4});
   const auto out = wrapped(x).toTupleRef().elements();
-  EXPECT_TRUE(at::equal(out[0].toTensor(), (x.to(at::kHalf) * 2).to(at::kFloat)));
-  EXPECT_TRUE(at::equal(out[1].toTensor(), x.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(flex_test::equal(out[0].toTensor(), (x.to(at::kHalf) * 2).to(at::kFloat)));
+  EXPECT_TRUE(flex_test::equal(out[1].toTensor(), x.to(at::kBFloat16).to(at::kFloat)));
   EXPECT_EQ(out[2].toTensor().scalar_type(), at::kLong);
   // A callable returning a bare tensor works too.
   auto lin = flex::convert_outputs_to_fp32([](const at::Tensor& t) { return t.to(at::kHalf); });

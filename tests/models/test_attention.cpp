@@ -1,5 +1,5 @@
 // Attention without the [B, H, T, S] probabilities unless a hook asks for them
-// (models/src/attention.h, DESIGN.md decision 14).
+// (models/src/attention.h, docs/design.md decision 14).
 //  - attend() on every path against a float64 reference written here (masks
 //    with padding, rows that see nothing, soft-capping, blocks of queries,
 //    past keys);
@@ -17,7 +17,6 @@
 
 #include <flex/models/auto_model.h>
 
-#include <torch/version.h>
 
 #include <cmath>
 #include <fstream>
@@ -25,6 +24,8 @@
 #include <iostream>
 #include <string>
 #include <vector>
+
+#include "test_util.h"
 
 using namespace flex;
 namespace fd = flex::detail;
@@ -34,7 +35,6 @@ using models_test::close;
 
 namespace {
 
-constexpr bool kHaveFused = TORCH_VERSION_MAJOR >= 2;
 
 // Sets the chunked path's block budget for one scope.
 struct BlockBudget {
@@ -166,7 +166,7 @@ TEST(Attend, OnlyTheModelsOwnCausalMaskCountsAsPlainCausal) {
   const at::Device cpu(at::kCPU);
   at::Tensor m = fd::allowed_mask({}, 1, 6, 0, cpu);
   EXPECT_TRUE(fd::is_plain_causal(m));
-  EXPECT_TRUE(m.equal(causal_allowed(6, 0, {})));
+  EXPECT_TRUE(flex_test::equal(m, causal_allowed(6, 0, {})));
   EXPECT_FALSE(fd::is_plain_causal(m.clone()));  // a hook's replacement
   at::Tensor with_past = fd::allowed_mask({}, 1, 6, 2, cpu);
   EXPECT_FALSE(fd::is_plain_causal(with_past));
@@ -331,7 +331,7 @@ void expect_fast_equals_eager(const std::string& name, const std::string& scenar
       const std::string layer = at_step + ", layer " + std::to_string(l);
       expect_same(fast[i].attn_out[l], eager[i].attn_out[l], ref[i].attn_out[l], layer + ": attention output");
       const AttendTrace& tr = fast[i].traces[l];
-      const auto expected_path = kHaveFused && !softcap ? AttendTrace::Path::Fused : AttendTrace::Path::Chunked;
+      const auto expected_path = !softcap ? AttendTrace::Path::Fused : AttendTrace::Path::Chunked;
       EXPECT_EQ(tr.path, expected_path) << layer;
       if (tr.path == AttendTrace::Path::Chunked && i == 0) {
         EXPECT_GT(tr.blocks, 2) << layer;

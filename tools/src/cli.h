@@ -163,5 +163,7 @@ int run_capture_dataset(const Args& args, const std::string& model_dir, const Ra
 int run_generate(const std::vector<std::string>& argv);
 int run_convert(const std::vector<std::string>& argv);
 int run_report(const std::vector<std::string>& argv);
+/// flexmodel --version: flexmodel's and libtorch's versions, the libtorch build, MPI and NCCL.
+int run_version();
 
 }  // namespace flex::cli

@@ -24,6 +24,7 @@ const char* kUsage =
     "  convert    re-shard, change dtype, or write an Accelerate offload folder\n"
     "  report     a capture file as one HTML page: attention, logit lens, norms, findings\n"
     "\n"
+    "flexmodel --version prints the versions of flexmodel, libtorch, MPI and NCCL.\n"
     "flexmodel COMMAND --help shows a command's options. Log level: --log-level or\n"
     "$FLEXMODEL_LOG (error, warn, info, debug).\n";
 
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
+    if (cmd == "--version" || cmd == "version") return flex::cli::run_version();
     if (cmd == "inspect") return flex::cli::run_inspect(args);
     if (cmd == "capture") return flex::cli::run_capture(args);
     if (cmd == "generate") return flex::cli::run_generate(args);

@@ -21,9 +21,9 @@
 // The probabilities exist only while something asks for them: with a hook on
 // hook_attn_probs (or GPT-2's attn_dropout), or attention dropout in training,
 // attention runs as Transformers' eager code does; otherwise it runs
-// libtorch's fused scaled_dot_product_attention (2.x), or, where that is
-// missing (1.13) or cannot apply (Gemma 2's soft-capping), the same arithmetic
-// over blocks of queries whose scores stay under 64 MiB.
+// libtorch's fused scaled_dot_product_attention, or, where that cannot apply
+// (Gemma 2's soft-capping), the same arithmetic over blocks of queries whose
+// scores stay under 64 MiB.
 #include <flex/hooks/module.h>
 #include <flex/hooks/nn.h>
 #include <flex/models/config.h>

@@ -1,6 +1,6 @@
 #pragma once
 // How the activations and parameters of a parallel model's ordinary modules
-// are spread over the mesh, for the routers that gather them (DESIGN
+// are spread over the mesh, for the routers that gather them (docs/design.md
 // decision 4: sharding is declared, not guessed).
 //
 // Tensor-parallel layers (ShardedModule) declare their own sharding. A model

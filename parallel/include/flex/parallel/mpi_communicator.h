@@ -22,6 +22,10 @@ std::shared_ptr<Communicator> make_mpi_world_communicator(const CommOptions& opt
 /// True when this build has the MPI backend.
 bool mpi_available();
 
+/// The MPI library's own version line ("Open MPI v4.1.4, ..."), or "" when
+/// this build has no MPI backend. Callable before MPI is initialised.
+std::string mpi_library_version();
+
 /// True when the process looks launched by mpirun/srun (OMPI_COMM_WORLD_SIZE,
 /// PMI_SIZE or PMIX_RANK in the environment).
 bool launched_by_mpirun();

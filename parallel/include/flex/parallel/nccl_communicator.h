@@ -19,4 +19,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicato
 /// True when this build has the NCCL backend.
 bool nccl_available();
 
+/// The linked NCCL's version ("2.27.3"), or "" when this build has no NCCL backend.
+std::string nccl_library_version();
+
 }  // namespace flex

@@ -1,7 +1,7 @@
 #pragma once
-// Sharding declarations (DESIGN decision 4): how a tensor-parallel module's
-// output or parameter is spread over the ranks of its tensor-parallel group,
-// so gathering gives the tensor the unsharded module would have produced.
+// Sharding declarations (docs/design.md decision 4): how a tensor-parallel
+// module's output or parameter is spread over the ranks of its tensor-parallel
+// group, so gathering gives the tensor the unsharded module would have produced.
 //
 //  - Replicated: every rank holds the whole tensor.
 //  - Split along `dim`: the dim is a concatenation of `blocks` (fused

@@ -16,7 +16,7 @@
 
 namespace flex {
 
-/// What a tensor-parallel module declares (DESIGN decision 4).
+/// What a tensor-parallel module declares (docs/design.md decision 4).
 struct ModuleSharding {
   ShardSpec input;                          // how forward expects its first input
   ShardSpec output;                         // how forward's output is spread over the ranks
