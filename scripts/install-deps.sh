@@ -17,7 +17,7 @@ SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libopenmpi-dev openmpi-bin
-      nlohmann-json3-dev libfmt-dev libpcre2-dev
+      nlohmann-json3-dev libpcre2-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
       python3-pip)
 if [ "${1:-}" = "--tests" ]; then pkgs+=(chromium clang lld libclang-rt-14-dev valgrind); fi

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "mpi_util.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::world;
@@ -46,11 +47,11 @@ TEST(Process, SetSeedDeviceSpecificGivesEachRankItsOwnStream) {
   const auto all = everyone(*w, got);
   for (int r = 0; r < w->size(); ++r) {
     at::manual_seed(42 + r);  // what rank r's stream must be
-    EXPECT_TRUE(at::equal(all[r], at::randn({5}))) << "rank " << r;
+    EXPECT_TRUE(flex_test::equal(all[r], at::randn({5}))) << "rank " << r;
   }
   set_seed(7, /*device_specific=*/false, w.get());
   const auto same = everyone(*w, at::randn({5}));
-  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(at::equal(same[r], same[0]));
+  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(same[r], same[0]));
 }
 
 TEST(Process, SynchronizeRngStateCopiesRankZerosState) {
@@ -59,19 +60,19 @@ TEST(Process, SynchronizeRngStateCopiesRankZerosState) {
   at::randn({3});  // states differ per rank now
   synchronize_rng_state(*w, RngType::Torch);
   const auto draws = everyone(*w, at::randn({8}));
-  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(at::equal(draws[r], draws[0])) << "rank " << r;
+  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(draws[r], draws[0])) << "rank " << r;
   // Rank 0's own stream is unchanged by the synchronisation.
   at::manual_seed(100);
   at::randn({3});
-  EXPECT_TRUE(at::equal(draws[0], at::randn({8})));
+  EXPECT_TRUE(flex_test::equal(draws[0], at::randn({8})));
 
   // A generator of one's own, through synchronize_rng_states.
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1000 + w->rank());
   synchronize_rng_states(*w, {RngType::Generator}, &g);
   const auto mine = everyone(*w, at::randn({4}, g));
   at::Generator ref = at::make_generator<at::CPUGeneratorImpl>(1000);
-  EXPECT_TRUE(at::equal(mine[w->rank()], at::randn({4}, ref)));
-  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(at::equal(mine[r], mine[0]));
+  EXPECT_TRUE(flex_test::equal(mine[w->rank()], at::randn({4}, ref)));
+  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(mine[r], mine[0]));
 
   EXPECT_THROW(synchronize_rng_state(*w, RngType::Generator), ConfigError);  // no generator: on every rank
   EXPECT_THROW(synchronize_rng_state(*w, RngType::Cuda), ConfigError);       // this test runs without CUDA
@@ -106,8 +107,8 @@ TEST(Process, SaveWritesRankZerosObjectOnly) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const Value back = torch::jit::pickle_load(bytes);
   EXPECT_EQ(back.toGenericDict().at("rank").toInt(), 0);
-  EXPECT_TRUE(at::equal(back.toGenericDict().at("x").toTensor(), at::zeros({2, 2}, at::kDouble)));
-  EXPECT_TRUE(at::equal(SafetensorsFile::open(dir + "/t.safetensors")->get("w"), at::zeros({3})));
+  EXPECT_TRUE(flex_test::equal(back.toGenericDict().at("x").toTensor(), at::zeros({2, 2})));  // at::full of a double is float
+  EXPECT_TRUE(flex_test::equal(SafetensorsFile::open(dir + "/t.safetensors")->get("w"), at::zeros({3})));
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   wait_for_everyone(*w);
