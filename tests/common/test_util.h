@@ -1,9 +1,12 @@
 #pragma once
-// Helpers shared by the tests: where the golden data is, scratch directories.
+// Helpers shared by the tests: where the golden data is, scratch directories,
+// tensor comparisons that report what differs (tensor_compare.h).
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
+
+#include "tensor_compare.h"
 
 namespace flex_test {
 
@@ -14,7 +17,7 @@ inline std::string data_path(const std::string& rel) {
   return root + "/" + rel;
 }
 
-/// The golden fixtures copied from ../shared/fixtures.
+/// The golden fixtures in tests/data/fixtures (provenance: their README.md).
 inline std::string fixture(const std::string& rel) { return data_path("fixtures/" + rel); }
 
 /// A fresh directory under the system temp dir, removed when destroyed.

@@ -78,8 +78,8 @@ TEST(CaptureDataset, EqualsAPlainLoopAndResumesWhereItStopped) {
     }
     h.remove();
   }
-  EXPECT_TRUE(at::equal(all_of(tmp.str("whole"), kHook), at::cat(want, 0)));
-  EXPECT_TRUE(at::equal(all_of(tmp.str("whole"), "token_ids"), stream.narrow(0, 0, 40 * 16)));
+  EXPECT_TRUE(flex_test::equal(all_of(tmp.str("whole"), kHook), at::cat(want, 0)));
+  EXPECT_TRUE(flex_test::equal(all_of(tmp.str("whole"), "token_ids"), stream.narrow(0, 0, 40 * 16)));
 
   // Stopped after 12 contexts (whole batches: the same batches as one run,
   // so the same bits), then resumed.
@@ -88,7 +88,7 @@ TEST(CaptureDataset, EqualsAPlainLoopAndResumesWhereItStopped) {
   EXPECT_EQ(flex::capture_dataset(fm, nullptr, first).contexts, 12);
   const auto rest = flex::capture_dataset(fm, nullptr, options(tmp.str("ids.safetensors"), tmp.str("parts")));
   EXPECT_EQ(rest.resumed_at, 12);
-  EXPECT_TRUE(at::equal(all_of(tmp.str("parts"), kHook), all_of(tmp.str("whole"), kHook)));
+  EXPECT_TRUE(flex_test::equal(all_of(tmp.str("parts"), kHook), all_of(tmp.str("whole"), kHook)));
   EXPECT_TRUE(fm.output().empty()) << "the capture's hooks are gone";
 }
 

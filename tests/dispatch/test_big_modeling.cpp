@@ -73,7 +73,7 @@ TEST(AlignDevicesHook, OffloadedModuleIsMetaAtRestAndExactWhenRunning) {
   auto h = block->get_submodule("fc")->register_forward_pre_hook([&](Module& mod, Inputs&) {
     saw_real = !mod.named_parameters()["weight"].is_meta();
   });
-  EXPECT_TRUE(at::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
   EXPECT_TRUE(saw_real);
   EXPECT_TRUE(block->get_submodule("fc")->named_parameters()["weight"].is_meta());
   h.remove();
@@ -84,7 +84,7 @@ TEST(AlignDevicesHook, OffloadedModuleIsMetaAtRestAndExactWhenRunning) {
   EXPECT_TRUE(block->get_submodule("fc")->named_parameters()["weight"].is_meta());
   remove_hook_from_module(*block);
   EXPECT_FALSE(block->get_submodule("fc")->named_parameters()["weight"].is_meta());
-  EXPECT_TRUE(at::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
 }
 
 TEST(AlignDevicesHook, HasOffloadedParamsSeesInsideSequentialHook) {
@@ -112,8 +112,8 @@ TEST(DispatchModel, CpuAndDiskBlocksGiveBitwiseOutputs) {
   EXPECT_FALSE(std::filesystem::exists(dir.str("offload/h.0.fc.weight.dat")));
   EXPECT_TRUE(m->h->items()[1]->get_submodule("fc")->named_parameters()["weight"].is_meta());
   EXPECT_FALSE(m->h->items()[0]->get_submodule("fc")->named_parameters()["weight"].is_meta());
-  EXPECT_TRUE(at::equal(run(*m), ref));
-  EXPECT_TRUE(at::equal(run(*m), ref));  // and again: nothing left behind by the first call
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));  // and again: nothing left behind by the first call
   ASSERT_TRUE(hf_device_map(*m).has_value());
   EXPECT_EQ(*hf_device_map(*m), map);
   // Tied parameters stay tied through dispatch (both on cpu).
@@ -128,7 +128,7 @@ TEST(DispatchModel, TiedHeadOnDiskReadsItsPartner) {
   DispatchOptions o;
   o.offload_dir = dir.str();
   dispatch_model(*m, map, o);
-  EXPECT_TRUE(at::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
 }
 
 TEST(DispatchModel, ErrorsNameTheFault) {
@@ -139,7 +139,7 @@ TEST(DispatchModel, ErrorsNameTheFault) {
   at::Tensor ref = run(*m2);
   dispatch_model(*m2, DeviceMap{{"", "cpu"}});  // one device: no hooks
   EXPECT_EQ(m2->model_hook(), nullptr);
-  EXPECT_TRUE(at::equal(run(*m2), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m2), ref));
 }
 
 TEST(CpuOffload, BitwiseOutputsAndMetaAtRest) {
@@ -147,7 +147,7 @@ TEST(CpuOffload, BitwiseOutputsAndMetaAtRest) {
   at::Tensor ref = run(*m);
   cpu_offload(*m);
   EXPECT_TRUE(m->h->items()[2]->get_submodule("proj")->named_parameters()["weight"].is_meta());
-  EXPECT_TRUE(at::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
 }
 
 TEST(DiskOffload, BitwiseOutputsAlsoOnMetaModelWithExistingFolder) {
@@ -155,7 +155,7 @@ TEST(DiskOffload, BitwiseOutputsAlsoOnMetaModelWithExistingFolder) {
   at::Tensor ref = run(*m);
   flex_test::TempDir dir;
   disk_offload(*m, dir.str());
-  EXPECT_TRUE(at::equal(run(*m), ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), ref));
   // A meta model (as built under EmptyInit) over the folder written above.
   std::shared_ptr<bigm::LM> meta;
   {
@@ -163,7 +163,7 @@ TEST(DiskOffload, BitwiseOutputsAlsoOnMetaModelWithExistingFolder) {
     meta = std::make_shared<bigm::LM>();
   }
   disk_offload(*meta, dir.str());
-  EXPECT_TRUE(at::equal(run(*meta), ref));
+  EXPECT_TRUE(flex_test::equal(run(*meta), ref));
   // Without a folder there is nothing to read a meta model from.
   flex_test::TempDir empty;
   std::shared_ptr<bigm::LM> meta2;
@@ -192,7 +192,7 @@ TEST(CpuOffloadWithHook, ChainOffloadsThePreviousModel) {
   for (int i = 0; i < 5; ++i) hid2 = (*m2)(hid1);
   at::Tensor hid3 = (*m3)(hid2);
   h3->offload();
-  EXPECT_TRUE(at::equal(hid3, expect3));
+  EXPECT_TRUE(flex_test::equal(hid3, expect3));
   EXPECT_EQ(hook_of(m2)->prev_offloads(), 5);
   EXPECT_EQ(hook_of(m1)->offload_count(), 1 + 5);
   EXPECT_EQ(hook_of(m2)->offload_count(), 1 + 1);

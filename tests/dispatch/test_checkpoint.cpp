@@ -61,7 +61,7 @@ TEST(Checkpoint, ShardedIndexGivesTheSameTensorsAsTheSingleFile) {
     EXPECT_EQ(sharded.files(), expect_files);
     EXPECT_EQ(sharded.keys(), single.keys());
     for (const auto& k : single.keys()) {
-      EXPECT_TRUE(at::equal(sharded.get(k), single.get(k))) << k;
+      EXPECT_TRUE(flex_test::equal(sharded.get(k), single.get(k))) << k;
       EXPECT_EQ(sharded.dtype(k), single.dtype(k));
     }
     // From the index file: lm_head.weight is in shard 3, embed_tokens in shard 1.
@@ -83,7 +83,7 @@ TEST(Checkpoint, LegacyFlatIndex) {
   // Whole shards are loaded, as Accelerate does: every key of both shards.
   EXPECT_EQ(c.keys().size(), 6u + 6u);
   auto single = flex::Checkpoint::open(fixture("models/llama/model.safetensors"));
-  EXPECT_TRUE(at::equal(c.get("model.norm.weight"), single.get("model.norm.weight")));
+  EXPECT_TRUE(flex_test::equal(c.get("model.norm.weight"), single.get("model.norm.weight")));
 }
 
 TEST(Checkpoint, IndexErrors) {
@@ -137,19 +137,20 @@ TEST(TorchBin, ReadsAnOrderedDictStateDict) {
   EXPECT_EQ(names, (std::vector<std::string>{"layer.weight", "layer.bias", "emb.bf16", "ids.i64", "scalar.f64",
                                              "mask.bool", "half.f16", "view.strided"}));
   auto c = flex::Checkpoint::open(data_path("files/torch-bin"));
-  EXPECT_TRUE(at::equal(c.get("layer.weight"), at::arange(24, at::kFloat).reshape({4, 6}) * 0.25 - 1.0));
-  EXPECT_TRUE(at::equal(c.get("layer.bias"), at::arange(4, at::kFloat) * -0.5));
+  EXPECT_TRUE(flex_test::equal(c.get("layer.weight"), at::arange(24, at::kFloat).reshape({4, 6}) * 0.25 - 1.0));
+  EXPECT_TRUE(flex_test::equal(c.get("layer.bias"), at::arange(4, at::kFloat) * -0.5));
   EXPECT_EQ(c.dtype("emb.bf16"), at::kBFloat16);
-  EXPECT_TRUE(at::equal(c.get("emb.bf16"), (at::arange(6, at::kFloat) * 0.125).to(at::kBFloat16).reshape({2, 3})));
-  EXPECT_TRUE(at::equal(c.get("ids.i64"), at::arange(5, at::kLong) * 1000000007));
+  EXPECT_TRUE(
+      flex_test::equal(c.get("emb.bf16"), (at::arange(6, at::kFloat) * 0.125).to(at::kBFloat16).reshape({2, 3})));
+  EXPECT_TRUE(flex_test::equal(c.get("ids.i64"), at::arange(5, at::kLong) * 1000000007));
   EXPECT_EQ(c.get("scalar.f64").dim(), 0);
   EXPECT_EQ(c.get("scalar.f64").item<double>(), 2.5);
-  EXPECT_TRUE(at::equal(c.get("mask.bool"), at::tensor({1, 0, 1}, at::kByte).to(at::kBool)));
-  EXPECT_TRUE(at::equal(c.get("half.f16"), at::tensor({1.5f, -2.0f, 65504.0f}).to(at::kHalf)));
+  EXPECT_TRUE(flex_test::equal(c.get("mask.bool"), at::tensor({1, 0, 1}, at::kByte).to(at::kBool)));
+  EXPECT_TRUE(flex_test::equal(c.get("half.f16"), at::tensor({1.5f, -2.0f, 65504.0f}).to(at::kHalf)));
   // big = arange(30); big[2:].reshape(4, 7)[:, ::2]: a strided view at offset 2.
   at::Tensor v = c.get("view.strided");
   EXPECT_EQ(v.sizes(), at::IntArrayRef({4, 4}));
-  EXPECT_TRUE(at::equal(v, at::arange(30, at::kFloat).slice(0, 2).reshape({4, 7}).slice(1, 0, 7, 2)));
+  EXPECT_TRUE(flex_test::equal(v, at::arange(30, at::kFloat).slice(0, 2).reshape({4, 7}).slice(1, 0, 7, 2)));
   EXPECT_EQ(c.shape("view.strided"), (std::vector<int64_t>{4, 4}));
 }
 
@@ -157,9 +158,9 @@ TEST(TorchBin, ShardedBinWithIndexParameterAndPlainDict) {
   auto c = flex::Checkpoint::open(data_path("files/torch-bin-sharded"));
   EXPECT_FALSE(c.is_safetensors());
   EXPECT_EQ(c.keys(), (std::vector<std::string>{"a.bias", "a.weight", "b.weight"}));
-  EXPECT_TRUE(at::equal(c.get("a.weight"), at::full({2, 2}, 3.0f)));  // saved as nn.Parameter
-  EXPECT_TRUE(at::equal(c.get("a.bias"), at::tensor({1.0f, 2.0f})));
-  EXPECT_TRUE(at::equal(c.get("b.weight"), at::eye(3)));             // saved as a plain dict
+  EXPECT_TRUE(flex_test::equal(c.get("a.weight"), at::full({2, 2}, 3.0f)));  // saved as nn.Parameter
+  EXPECT_TRUE(flex_test::equal(c.get("a.bias"), at::tensor({1.0f, 2.0f})));
+  EXPECT_TRUE(flex_test::equal(c.get("b.weight"), at::eye(3)));             // saved as a plain dict
   EXPECT_EQ(c.keys_in(c.file_of("b.weight")), std::vector<std::string>{"b.weight"});
 }
 

@@ -60,7 +60,7 @@ TEST(LoadCheckpoint, MetaModelLoadsToBitwiseOutputs) {
   EXPECT_TRUE(r.missing_keys.empty()) << log.str();
   EXPECT_TRUE(r.unexpected_keys.empty());
   EXPECT_TRUE(m->lm_head->weight.is_same(m->wte->weight));  // retied
-  EXPECT_TRUE(at::equal(run(*m), s.ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), s.ref));
 }
 
 TEST(LoadCheckpoint, MissingKeysAreReportedNotDiscoveredLater) {
@@ -144,7 +144,7 @@ TEST(LoadCheckpointAndDispatch, AutoWithSmallBudgetServesDiskWeightsFromCheckpoi
   for (const auto& e : std::filesystem::directory_iterator(off.path()))
     EXPECT_NE(e.path().extension(), ".dat") << e.path();
   for (const auto& kv : r.offload_index->entries()) EXPECT_EQ(kv.second.safetensors_file, s.file);
-  EXPECT_TRUE(at::equal(run(*m), s.ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), s.ref));
 
   // Zero copy on a CPU execution device: a disk-offloaded weight used in the
   // forward is the same memory-mapped view on every call.
@@ -175,6 +175,6 @@ TEST(LoadCheckpointAndDispatch, ExplicitMapWithDiskBlocksAndMissingFile) {
   flex_test::TempDir off;
   o.offload_folder = off.str();
   load_checkpoint_and_dispatch(*m, s.file, o);
-  EXPECT_TRUE(at::equal(run(*m), s.ref));
+  EXPECT_TRUE(flex_test::equal(run(*m), s.ref));
   EXPECT_THROW(load_checkpoint_in_model(*meta_model(), s.dir.str("nope.safetensors")), IOError);
 }

@@ -78,7 +78,7 @@ TEST(OffloadFolder, ReadsAccelerateFolderAsZeroCopyViews) {
     at::Tensor t = folder.get(name), e = expected->get(name);
     EXPECT_EQ(t.scalar_type(), e.scalar_type());
     EXPECT_EQ(t.sizes(), e.sizes());
-    EXPECT_TRUE(at::equal(t, e));
+    EXPECT_TRUE(flex_test::equal(t, e));
   }
   EXPECT_EQ(folder.get("f32.scalar").dim(), 0);
   EXPECT_EQ(folder.get("f32.scalar").item<float>(), 3.25f);
@@ -90,7 +90,7 @@ TEST(OffloadFolder, ReadsAccelerateFolderAsZeroCopyViews) {
   auto f2 = flex::OffloadFolder::open(tmp.str());
   at::Tensor w = f2.get("w");
   w.add_(1);
-  EXPECT_TRUE(at::equal(f2.get("w"), at::arange(6, at::kFloat)));
+  EXPECT_TRUE(flex_test::equal(f2.get("w"), at::arange(6, at::kFloat)));
   expect_error<flex::NotFoundError>([&] { folder.get("f32.matrx"); }, {"'f32.matrx'", "'f32.matrix'", "mixed-dtypes"});
 }
 
@@ -124,8 +124,8 @@ TEST(OffloadFolder, SafetensorsEntries) {
                                        << "\", \"weight_name\": \"model.layers.0.input_layernorm.weight\"}}";
   auto f = flex::OffloadFolder::open(tmp.str());
   auto model = flex::SafetensorsFile::open(st);
-  EXPECT_TRUE(at::equal(f.get("w"), model->get("model.norm.weight").to(at::kHalf)));
-  EXPECT_TRUE(at::equal(f.get("v"), model->get("model.layers.0.input_layernorm.weight")));
+  EXPECT_TRUE(flex_test::equal(f.get("w"), model->get("model.norm.weight").to(at::kHalf)));
+  EXPECT_TRUE(flex_test::equal(f.get("v"), model->get("model.layers.0.input_layernorm.weight")));
   // Re-saving an index keeps the entry's form.
   flex::OffloadIndex extra;
   flex::offload_weight(at::ones({1}), "z", tmp.str(), extra);

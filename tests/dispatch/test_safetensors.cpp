@@ -111,7 +111,7 @@ TEST(Safetensors, ReadsValuesOfTheFixtures) {
   at::Tensor ids = in->get("input_ids");
   at::Tensor expect = at::tensor({31, 120, 25, 102, 49, 202, 120, 169, 42, 171, 17, 111, 214, 244, 94, 193},
                                  at::kLong).reshape({2, 8});
-  EXPECT_TRUE(at::equal(ids, expect));
+  EXPECT_TRUE(flex_test::equal(ids, expect));
 
   auto f32 = flex::SafetensorsFile::open(fixture("models/llama/model.safetensors"));
   auto bf16 = flex::SafetensorsFile::open(fixture("models/llama-bf16/model.safetensors"));
@@ -120,7 +120,7 @@ TEST(Safetensors, ReadsValuesOfTheFixtures) {
     SCOPED_TRACE(n);
     EXPECT_EQ(bf16->info(n).dtype, at::kBFloat16);
     EXPECT_EQ(bf16->info(n).dtype_name, "BF16");
-    EXPECT_TRUE(at::equal(bf16->get(n), f32->get(n).to(at::kBFloat16)));
+    EXPECT_TRUE(flex_test::equal(bf16->get(n), f32->get(n).to(at::kBFloat16)));
   }
   EXPECT_EQ(f32->metadata().at("format"), "pt");
   const auto& info = f32->info("model.embed_tokens.weight");
@@ -151,11 +151,11 @@ TEST(Safetensors, ViewsAreZeroCopyAndOutliveTheFile) {
     EXPECT_EQ(static_cast<char*>(vb.data_ptr()) - static_cast<char*>(va.data_ptr()),
               static_cast<ptrdiff_t>(f->info("b").begin - f->info("a").begin));
   }  // the SafetensorsFile is gone; the views keep the mapping alive
-  EXPECT_TRUE(at::equal(va, a));
-  EXPECT_TRUE(at::equal(vb, b));
+  EXPECT_TRUE(flex_test::equal(va, a));
+  EXPECT_TRUE(flex_test::equal(vb, b));
   // Editing a view is copy-on-write: the file keeps its bytes.
   va.mul_(3);
-  EXPECT_TRUE(at::equal(va, a * 3));
+  EXPECT_TRUE(flex_test::equal(va, a * 3));
   EXPECT_TRUE(slurp(path) == original);
 }
 
@@ -172,10 +172,10 @@ TEST(Safetensors, ScalarsEmptyAndStridedTensorsRoundTrip) {
   EXPECT_EQ(f->get("scalar").dim(), 0);
   EXPECT_EQ(f->get("scalar").item<double>(), 3.25);
   EXPECT_EQ(f->get("empty").sizes(), at::IntArrayRef({0, 4}));
-  EXPECT_TRUE(at::equal(f->get("strided"), strided));
-  EXPECT_TRUE(at::equal(f->get("i8"), i8));
-  EXPECT_TRUE(at::equal(f->get("u8"), u8));
-  EXPECT_TRUE(at::equal(f->get("f16"), f16));
+  EXPECT_TRUE(flex_test::equal(f->get("strided"), strided));
+  EXPECT_TRUE(flex_test::equal(f->get("i8"), i8));
+  EXPECT_TRUE(flex_test::equal(f->get("u8"), u8));
+  EXPECT_TRUE(flex_test::equal(f->get("f16"), f16));
   EXPECT_TRUE(f->metadata().empty());
 }
 

@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 namespace {
 
 /// y = lin(x); from forward `change_from` on, y is doubled in place after the hook.
@@ -41,8 +43,8 @@ TEST(CaptureByReference, UnchangedOutputsAreSharedNotCopied) {
     const at::Tensor x = at::randn({2, 4});
     const at::Tensor out = fm.forward(x);
     ASSERT_EQ(fm.output().at("lin").size(), 1u);
-    EXPECT_TRUE(at::equal(fm.output().at("lin")[0], by_hand(*m, x)));
-    EXPECT_TRUE(at::equal(fm.output().at("")[0], out));
+    EXPECT_TRUE(flex_test::equal(fm.output().at("lin")[0], by_hand(*m, x)));
+    EXPECT_TRUE(flex_test::equal(fm.output().at("")[0], out));
     // After the first forward (which also copies, to find out), the capture is the output itself.
     if (f > 0) {
       EXPECT_EQ(fm.output().at("")[0].data_ptr(), out.data_ptr()) << "forward " << f;
@@ -59,7 +61,7 @@ TEST(CaptureByReference, AnOutputChangedInPlaceIsCapturedAsItWasAtTheHook) {
   for (int f = 0; f < 3; ++f) {
     const at::Tensor x = at::randn({3, 4});
     fm.forward(x);
-    EXPECT_TRUE(at::equal(fm.output().at("lin")[0], by_hand(*m, x))) << "forward " << f;
+    EXPECT_TRUE(flex_test::equal(fm.output().at("lin")[0], by_hand(*m, x))) << "forward " << f;
     fm.clear();
   }
 }
@@ -72,7 +74,7 @@ TEST(CaptureByReference, AChangeAfterUnchangedForwardsIsAnErrorThenCopied) {
   for (int f = 0; f < 2; ++f) {
     const at::Tensor x = at::randn({3, 4});
     fm.forward(x);
-    EXPECT_TRUE(at::equal(fm.output().at("lin")[0], by_hand(*m, x)));
+    EXPECT_TRUE(flex_test::equal(fm.output().at("lin")[0], by_hand(*m, x)));
     fm.clear();
   }
   try {
@@ -84,7 +86,7 @@ TEST(CaptureByReference, AChangeAfterUnchangedForwardsIsAnErrorThenCopied) {
   fm.clear();
   const at::Tensor x = at::randn({3, 4});
   fm.forward(x);
-  EXPECT_TRUE(at::equal(fm.output().at("lin")[0], by_hand(*m, x))) << "copied from then on";
+  EXPECT_TRUE(flex_test::equal(fm.output().at("lin")[0], by_hand(*m, x))) << "copied from then on";
 }
 
 TEST(CaptureByReference, OffCopiesEveryCapture) {
@@ -95,7 +97,7 @@ TEST(CaptureByReference, OffCopiesEveryCapture) {
   at::NoGradGuard ng;
   for (int f = 0; f < 2; ++f) {
     const at::Tensor out = fm.forward(at::randn({2, 4}));
-    EXPECT_TRUE(at::equal(fm.output().at("")[0], out));
+    EXPECT_TRUE(flex_test::equal(fm.output().at("")[0], out));
     EXPECT_NE(fm.output().at("")[0].data_ptr(), out.data_ptr());
     fm.clear();
   }

@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adam.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -59,10 +61,10 @@ TEST(FlexModel, CapturesEqualIndependentRecomputation) {
   at::Tensor x0 = ref.block(0, lm->wte->weight.index_select(0, ids.flatten()).view({2, 6, 16}));
   at::Tensor x1 = ref.block(1, x0);
   ASSERT_EQ(fm.output().at("h.1").size(), 1u);
-  EXPECT_TRUE(at::allclose(fm.output().at("h.1")[0], x1, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.1")[0], x1, 1e-5, 1e-5));
   at::Tensor x2_fc = ref.lin(lm->block(2)->mlp->get_submodule("0"), ref.ln(lm->block(2)->ln_1, ref.block(1, x0)));
-  EXPECT_TRUE(at::allclose(fm.output().at("h.2.mlp.0")[0], x2_fc, 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(logits, ref.run(ids), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.2.mlp.0")[0], x2_fc, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(logits, ref.run(ids), 1e-5, 1e-5));
   // Each forward appends; clear() empties.
   fm.forward(ids);
   EXPECT_EQ(fm.output().at("h.1").size(), 2u);
@@ -85,7 +87,7 @@ TEST(FlexModel, CapturedTensorIsACopyOnCpu) {
   at::Tensor cap = fm.output().at("h.0.mlp")[0];
   EXPECT_FALSE(cap.is_same(seen));
   EXPECT_NE(cap.data_ptr(), seen.data_ptr());
-  EXPECT_TRUE(at::equal(cap, seen));
+  EXPECT_TRUE(flex_test::equal(cap, seen));
   EXPECT_FALSE(cap.requires_grad());
 }
 
@@ -100,7 +102,7 @@ TEST(FlexModel, PreForwardHookSeesModuleInputs) {
   fm.forward(ids);
   at::Tensor x0 = ref.block(0, lm->wte->weight.index_select(0, ids.flatten()).view({2, 6, 16}));
   at::Tensor expected_input = ref.ln(lm->block(1)->ln_1, x0);
-  EXPECT_TRUE(at::allclose(fm.output().at("h.1.mlp#input")[0], expected_input, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.1.mlp#input")[0], expected_input, 1e-5, 1e-5));
 }
 
 TEST(FlexModel, ActivationPatchingMatchesHandSubstitution) {
@@ -129,7 +131,7 @@ TEST(FlexModel, ActivationPatchingMatchesHandSubstitution) {
   patcher.register_forward_hook(std::make_shared<HookFunction>("h.1", o));
   at::Tensor patched = patcher.forward(corrupted);
   at::Tensor by_hand = ref.run(corrupted, /*substitute_at=*/1, clean_act);
-  EXPECT_TRUE(at::allclose(patched, by_hand, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(patched, by_hand, 1e-5, 1e-5));
   EXPECT_FALSE(at::allclose(patched, ref.run(corrupted), 1e-3, 1e-3));
 }
 
@@ -178,10 +180,10 @@ TEST(FlexModel, UnpackIdxPicksTupleElementAndSaveAfterEdit) {
   fm.register_forward_hook(std::make_shared<HookFunction>("h.2", o));  // block output is a tuple
   at::NoGradGuard ng;
   at::Tensor logits = fm.forward(ids_fixture());
-  EXPECT_TRUE(at::equal(fm.output().at("h.2")[0], at::zeros({2, 6, 16})));
+  EXPECT_TRUE(flex_test::equal(fm.output().at("h.2")[0], at::zeros({2, 6, 16})));
   // With zero residual stream, ln_f gives its bias and logits are constant over positions.
   at::Tensor expected_row = at::matmul(lm->ln_f->bias, lm->lm_head->weight.t());
-  EXPECT_TRUE(at::allclose(logits[1][3], expected_row, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(logits[1][3], expected_row, 1e-5, 1e-5));
   auto bad = std::make_shared<HookFunction>("h.1", HookFunctionOptions{{}, nullptr, 3});
   fm.register_forward_hook(bad);
   EXPECT_THROW(fm.forward(ids_fixture()), NotFoundError);
@@ -208,10 +210,10 @@ TEST(FlexModel, BackwardHooksCaptureAutogradGradients) {
   at::Tensor loss2 = (*lm)(ids_fixture()).pow(2).mean();
   at::Tensor w = get_module_tensor(*lm, "h.0.mlp.2.weight");
   auto grads = torch::autograd::grad({loss2}, {mlp_in, mlp_out, w});
-  EXPECT_TRUE(at::allclose(fm.output().at("h.1.mlp#grad_input")[0], grads[0], 1e-6, 1e-5));
-  EXPECT_TRUE(at::allclose(fm.output().at("h.1.mlp#grad_output")[0], grads[1], 1e-6, 1e-5));
-  EXPECT_TRUE(at::allclose(fm.output().at("h.0.mlp.2.weight#grad")[0], grads[2], 1e-6, 1e-5));
-  EXPECT_TRUE(at::allclose(w.grad(), grads[2], 1e-6, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.1.mlp#grad_input")[0], grads[0], 1e-6, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.1.mlp#grad_output")[0], grads[1], 1e-6, 1e-5));
+  EXPECT_TRUE(flex_test::close(fm.output().at("h.0.mlp.2.weight#grad")[0], grads[2], 1e-6, 1e-5));
+  EXPECT_TRUE(flex_test::close(w.grad(), grads[2], 1e-6, 1e-5));
 }
 
 TEST(FlexModel, BackwardEditChangesUpstreamGradients) {
@@ -223,8 +225,8 @@ TEST(FlexModel, BackwardEditChangesUpstreamGradients) {
   fm.register_full_backward_pre_hook(std::make_shared<HookFunction>("lm_head", o));
   fm.forward(ids_fixture()).sum().backward();
   // Zero gradient into lm_head's output: nothing upstream of it gets a gradient signal.
-  EXPECT_TRUE(at::equal(lm->wte->weight.grad(), at::zeros_like(lm->wte->weight)));
-  EXPECT_TRUE(at::equal(lm->lm_head->weight.grad(), at::zeros_like(lm->lm_head->weight)));
+  EXPECT_TRUE(flex_test::equal(lm->wte->weight.grad(), at::zeros_like(lm->wte->weight)));
+  EXPECT_TRUE(flex_test::equal(lm->lm_head->weight.grad(), at::zeros_like(lm->lm_head->weight)));
 }
 
 TEST(FlexModel, SaveContextPersistsAcrossCalls) {
@@ -261,7 +263,7 @@ TEST(FlexModel, RestoreGivesBitwiseOriginalOutputs) {
     EXPECT_FALSE(at::equal(fm.forward(ids_fixture()), before));
     auto m = fm.restore();
     EXPECT_EQ(m, lm);
-    EXPECT_TRUE(at::equal((*lm)(ids_fixture()), before));
+    EXPECT_TRUE(flex_test::equal((*lm)(ids_fixture()), before));
     for (auto& nm : lm->named_flex_modules()) EXPECT_EQ(nm.second->num_registered_hooks(), 0u) << nm.first;
   }
 }
@@ -290,7 +292,7 @@ TEST(FlexModel, NamesAndParameters) {
   EXPECT_EQ(fm.trainable_modules_names(), std::vector<std::string>{"probe"});
   EXPECT_EQ(fm.all_modules_names().size(), names.size() + 1);
   at::Tensor w = fm.get_module_parameter("h.1.mlp.0.weight", {64, 16});
-  EXPECT_TRUE(at::equal(w, lm->block(1)->mlp->get_submodule("0")->named_parameters()["weight"]));
+  EXPECT_TRUE(flex_test::equal(w, lm->block(1)->mlp->get_submodule("0")->named_parameters()["weight"]));
   EXPECT_FALSE(w.requires_grad());
   EXPECT_THROW(fm.get_module_parameter("h.1.mlp.0.weight", {16, 64}), ShapeError);
   EXPECT_THROW(fm.get_module_parameter("h.9.mlp.0.weight"), NotFoundError);
@@ -330,5 +332,5 @@ TEST(FlexModel, LinearProbeTrainsWhileWrappedModelStaysFrozen) {
   }
   EXPECT_LT(last, 0.1 * first) << "first " << first << " last " << last;
   auto params = lm->parameters();
-  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], frozen[i]));
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(flex_test::equal(params[i], frozen[i]));
 }

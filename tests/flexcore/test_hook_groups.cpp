@@ -9,6 +9,8 @@
 
 #include <regex>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -89,9 +91,9 @@ TEST(HookGroups, GroupMembersShareSettingsAndEdit) {
   auto mu = x.mean(-1, true);
   auto var = (x - mu).pow(2).mean(-1, true);
   at::Tensor ln = (x - mu) / at::sqrt(var + 1e-5) * f.lm->ln_f->weight + f.lm->ln_f->bias;
-  EXPECT_TRUE(at::allclose(edited, at::matmul(ln, f.lm->lm_head->weight.t()), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(edited, at::matmul(ln, f.lm->lm_head->weight.t()), 1e-5, 1e-5));
   at::Tensor plain = f.fm.forward(ids, {"zero_mlps"}, /*complement=*/true);
-  EXPECT_TRUE(at::equal(plain, (*f.lm)(ids)));
+  EXPECT_TRUE(flex_test::equal(plain, (*f.lm)(ids)));
 }
 
 TEST(HookGroups, NothingMatchingIsAnError) {

@@ -72,7 +72,7 @@ void expect_full_capture(const std::string& dir, const OutputMap& ref) {
   for (const auto& kv : ref) {
     auto got = r.all(kv.first);
     ASSERT_EQ(got.size(), kv.second.size()) << kv.first;
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], kv.second[i])) << kv.first << " " << i;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(flex_test::equal(got[i], kv.second[i])) << kv.first << " " << i;
   }
 }
 
@@ -139,7 +139,7 @@ TEST(StreamingSink, ModuleCalledTwicePerForwardKeepsBothCaptures) {
     sink.end_forward(0);
   }
   CaptureReader r(dir.str());
-  EXPECT_TRUE(at::equal(r.get(0, "m"), at::ones({2})));
-  EXPECT_TRUE(at::equal(r.get(0, "m@1"), at::zeros({2})));
+  EXPECT_TRUE(flex_test::equal(r.get(0, "m"), at::ones({2})));
+  EXPECT_TRUE(flex_test::equal(r.get(0, "m@1"), at::zeros({2})));
   EXPECT_THROW(r.get(1, "m"), NotFoundError);
 }

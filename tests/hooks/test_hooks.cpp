@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -100,7 +102,7 @@ TEST(AddHook, RemovalRestoresOutputsBitwise) {
   at::Tensor hooked = (*m)(x);
   EXPECT_FALSE(at::equal(hooked, before));
   remove_hook_from_module(*m, /*recurse=*/true);
-  EXPECT_TRUE(at::equal((*m)(x), before));
+  EXPECT_TRUE(flex_test::equal((*m)(x), before));
   EXPECT_EQ(m->a->model_hook(), nullptr);
 }
 
@@ -119,7 +121,7 @@ TEST(ModelHook, PreForwardChangesWhatForwardSees) {
   at::Tensor x = at::randn({1, 3});
   at::Tensor expected = at::linear(x * 2.0, lin.weight, lin.bias);
   add_hook_to_module(lin, std::make_shared<ScaleInputHook>(2.0));
-  EXPECT_TRUE(at::allclose(lin(x), expected));
+  EXPECT_TRUE(flex_test::close(lin(x), expected));
 }
 
 TEST(ModelHook, PostForwardReplacesOutput) {
@@ -127,7 +129,7 @@ TEST(ModelHook, PostForwardReplacesOutput) {
   at::Tensor x = at::randn({1, 3});
   at::Tensor expected = at::linear(x, lin.weight, lin.bias) + 7.0;
   add_hook_to_module(lin, std::make_shared<AddOutputHook>(7.0));
-  EXPECT_TRUE(at::allclose(lin(x), expected));
+  EXPECT_TRUE(flex_test::close(lin(x), expected));
 }
 
 TEST(ModelHook, NoGradHookProducesNoGraph) {
@@ -172,7 +174,7 @@ TEST(Handles, ForwardHookEditsAndPreHookRewritesInputs) {
   at::Tensor expected = at::linear(x + 1.0, lin.weight, lin.bias) * 2.0;
   lin.register_forward_pre_hook([](Module&, Inputs& in) { in.args[0] = in.tensor(0) + 1.0; });
   lin.register_forward_hook([](Module&, const Inputs&, Value& out) { out = out.toTensor() * 2.0; });
-  EXPECT_TRUE(at::allclose(lin(x), expected));
+  EXPECT_TRUE(flex_test::close(lin(x), expected));
 }
 
 TEST(Handles, OutliveTheirModule) {
@@ -216,10 +218,10 @@ TEST(Handles, HooksAtSeveralDepthsSeeTheirOwnActivations) {
   at::Tensor i0 = lin(m->inner->get_submodule("0"), a);
   at::Tensor i1 = at::relu(i0);
   at::Tensor b = lin(m->b, i1);
-  EXPECT_TRUE(at::allclose(seen["a"], a, 1e-5, 1e-6));
-  EXPECT_TRUE(at::allclose(seen["inner.0"], i0, 1e-5, 1e-6));
-  EXPECT_TRUE(at::allclose(seen["inner.1"], i1, 1e-5, 1e-6));
-  EXPECT_TRUE(at::allclose(seen["inner"], i1, 1e-5, 1e-6));
-  EXPECT_TRUE(at::allclose(seen["b"], b, 1e-5, 1e-6));
-  EXPECT_TRUE(at::equal(seen[""], y));
+  EXPECT_TRUE(flex_test::close(seen["a"], a, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(seen["inner.0"], i0, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(seen["inner.1"], i1, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(seen["inner"], i1, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(seen["b"], b, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::equal(seen[""], y));
 }

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -99,7 +101,7 @@ TEST(Module, SetTensorSwapsRegistryAndMemberTogether) {
   EXPECT_TRUE(lin->weight.requires_grad());
   at::Tensor x = at::ones({1, 3});
   at::Tensor expected = at::matmul(x, w.detach().t()) + lin->bias.detach();
-  EXPECT_TRUE(at::allclose((*lin)(x), expected));
+  EXPECT_TRUE(flex_test::close((*lin)(x), expected));
   EXPECT_THROW(lin->set_tensor("wieght", w), NotFoundError);
 }
 
@@ -113,7 +115,7 @@ TEST(Module, SetTensorReplacesMetaParameterWithRealOne) {
   set_module_tensor(*lin, "weight", at::ones({2, 3}));
   set_module_tensor(*lin, "bias", at::zeros({2}));
   EXPECT_FALSE(lin->weight.is_meta());
-  EXPECT_TRUE(at::equal((*lin)(at::ones({1, 3})), at::full({1, 2}, 3.0)));
+  EXPECT_TRUE(flex_test::equal((*lin)(at::ones({1, 3})), at::full({1, 2}, 3.0)));
   EXPECT_THROW(set_module_tensor(*lin, "nope", at::ones({1})), NotFoundError);
 }
 
@@ -132,8 +134,8 @@ TEST(Module, BuffersSwapAndPersistenceIsRecorded) {
   ASSERT_EQ(sd.size(), 1u);
   EXPECT_EQ(sd[0].first, "scale");
   m->set_tensor("scale", at::full({2}, 2.0));
-  EXPECT_TRUE(at::equal((*m)(at::ones({2})), at::full({2}, 2.0)));
-  EXPECT_TRUE(at::equal(get_module_tensor(*m, "scale"), at::full({2}, 2.0)));
+  EXPECT_TRUE(flex_test::equal((*m)(at::ones({2})), at::full({2}, 2.0)));
+  EXPECT_TRUE(flex_test::equal(get_module_tensor(*m, "scale"), at::full({2}, 2.0)));
 }
 
 static size_t resident_kb() {
@@ -191,19 +193,19 @@ TEST(Layers, MatchIndependentFormulas) {
   at::manual_seed(0);
   at::Tensor x = at::randn({2, 5, 6});
   Conv1D conv(4, 6);
-  EXPECT_TRUE(at::allclose(conv(x), at::matmul(x, conv.weight) + conv.bias, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(conv(x), at::matmul(x, conv.weight) + conv.bias, 1e-5, 1e-6));
   LayerNorm ln(6);
   auto mu = x.mean(-1, true);
   auto var = (x - mu).pow(2).mean(-1, true);
-  EXPECT_TRUE(at::allclose(ln(x), (x - mu) / at::sqrt(var + 1e-5), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(ln(x), (x - mu) / at::sqrt(var + 1e-5), 1e-5, 1e-5));
   RMSNorm rms(6, 1e-6);
-  EXPECT_TRUE(at::allclose(rms(x), x / at::sqrt(x.pow(2).mean(-1, true) + 1e-6), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(rms(x), x / at::sqrt(x.pow(2).mean(-1, true) + 1e-6), 1e-5, 1e-5));
   Activation gelu_new("gelu_new");
   at::Tensor expected = 0.5 * x * (1 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-  EXPECT_TRUE(at::allclose(gelu_new(x), expected, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(gelu_new(x), expected, 1e-5, 1e-6));
   EXPECT_EQ(gelu_new.class_name(), "NewGELUActivation");
   EXPECT_THROW(Activation("swiglu2"), ConfigError);
   Embedding emb(10, 3);
   at::Tensor ids = at::tensor({1, 7}, at::kLong).view({1, 2});
-  EXPECT_TRUE(at::equal(emb(ids)[0][1], emb.weight[7]));
+  EXPECT_TRUE(flex_test::equal(emb(ids)[0][1], emb.weight[7]));
 }

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 TEST(Value, ApplyToTensorsWalksTuplesListsAndDicts) {
@@ -14,14 +16,14 @@ TEST(Value, ApplyToTensorsWalksTuplesListsAndDicts) {
   Value v = c10::ivalue::Tuple::create({Value(at::ones({1})), Value(d), Value(lst), Value(int64_t(5))});
   Value out = apply_to_tensors(v, [](const at::Tensor& t) { return t + 1; });
   auto elems = out.toTupleRef().elements();
-  EXPECT_TRUE(at::equal(elems[0].toTensor(), at::full({1}, 2.0)));
+  EXPECT_TRUE(flex_test::equal(elems[0].toTensor(), at::full({1}, 2.0)));
   auto od = elems[1].toGenericDict();
-  EXPECT_TRUE(at::equal(od.at("x").toTensor(), at::full({2}, 2.0)));
-  EXPECT_TRUE(at::equal(od.at("y").toTensor(), at::full({1}, 4.0)));
-  EXPECT_TRUE(at::equal(elems[2].toTensorList().get(1), at::full({1}, 2.0)));
+  EXPECT_TRUE(flex_test::equal(od.at("x").toTensor(), at::full({2}, 2.0)));
+  EXPECT_TRUE(flex_test::equal(od.at("y").toTensor(), at::full({1}, 4.0)));
+  EXPECT_TRUE(flex_test::equal(elems[2].toTensorList().get(1), at::full({1}, 2.0)));
   EXPECT_EQ(elems[3].toInt(), 5);
   // The input is untouched.
-  EXPECT_TRUE(at::equal(v.toTupleRef().elements()[0].toTensor(), at::ones({1})));
+  EXPECT_TRUE(flex_test::equal(v.toTupleRef().elements()[0].toTensor(), at::ones({1})));
 }
 
 TEST(Value, SendToDeviceSkipsKeys) {

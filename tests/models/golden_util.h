@@ -34,20 +34,14 @@ inline at::Tensor golden_inputs() {
   return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
 }
 
-/// allclose with the fixture tolerances; the message names `what` and the worst element.
+/// flex_test::close with the fixture tolerances (atol before rtol here),
+/// compared in float64 whatever the two dtypes; the message starts with `what`.
 inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
                                         double atol = 1e-5, double rtol = 1e-4) {
-  if (!actual.defined()) return ::testing::AssertionFailure() << what << ": no tensor";
-  if (actual.sizes() != expected.sizes()) {
-    std::ostringstream o;
-    o << what << ": shape " << actual.sizes() << " vs expected " << expected.sizes();
-    return ::testing::AssertionFailure() << o.str();
-  }
-  at::Tensor a = actual.detach().to(at::kCPU, at::kDouble), e = expected.to(at::kCPU, at::kDouble);
-  at::Tensor excess = (a - e).abs() - (atol + rtol * e.abs());
-  if (excess.max().item<double>() <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": max |diff| " << (a - e).abs().max().item<double>()
-                                       << " exceeds atol " << atol << " + rtol " << rtol << " * |expected|";
+  auto f64 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : t; };
+  ::testing::AssertionResult r = flex_test::close(f64(actual), f64(expected), rtol, atol);
+  if (r) return r;
+  return ::testing::AssertionFailure() << what << ": " << r.message();
 }
 
 }  // namespace models_test

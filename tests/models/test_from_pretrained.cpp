@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -45,7 +47,7 @@ TEST_P(FromPretrained, AutoMapWithSmallBudgetMatchesInMemoryAndGolden) {
   bool disk = false;
   for (const auto& e : *map) disk = disk || e.second.is_disk();
   EXPECT_TRUE(disk) << map->to_json();
-  EXPECT_TRUE(at::equal(logits_of(*dispatched), ref)) << name;
+  EXPECT_TRUE(flex_test::equal(logits_of(*dispatched), ref)) << name;
 
   // Captures through FlexModel on the offloaded model equal the golden activations.
   FlexModel fm(dispatched);

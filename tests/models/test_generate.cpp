@@ -5,6 +5,8 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
 
+#include "test_util.h"
+
 using namespace flex;
 using models_test::close;
 
@@ -96,10 +98,10 @@ TEST(Generate, GreedyTokensAreTheArgmaxOfFullRecomputation) {
     ASSERT_EQ(out.sequences.size(1), 14);
     at::Tensor logits = model->logits(out.sequences);
     at::Tensor expected = logits.narrow(1, 7, 6).argmax(-1);
-    EXPECT_TRUE(at::equal(out.sequences.narrow(1, 8, 6), expected)) << name;
+    EXPECT_TRUE(flex_test::equal(out.sequences.narrow(1, 8, 6), expected)) << name;
     GenerateOptions no_cache = greedy(6);
     no_cache.use_cache = false;
-    EXPECT_TRUE(at::equal(generate(*model, ids, {}, no_cache).sequences, out.sequences)) << name;
+    EXPECT_TRUE(flex_test::equal(generate(*model, ids, {}, no_cache).sequences, out.sequences)) << name;
   }
 }
 
@@ -152,16 +154,16 @@ TEST(Generate, SamplingIsSeededAndFiltersReduceToGreedy) {
   s.seed = 1234;
   at::Tensor a = generate(*model, ids, {}, s).sequences;
   at::Tensor b = generate(*model, ids, {}, s).sequences;
-  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_TRUE(flex_test::equal(a, b));
   s.seed = 99;
   EXPECT_FALSE(at::equal(a, generate(*model, ids, {}, s).sequences));
   at::Tensor g = generate(*model, ids, {}, greedy(10)).sequences;
   GenerateOptions k1 = s;
   k1.top_k = 1;
-  EXPECT_TRUE(at::equal(generate(*model, ids, {}, k1).sequences, g));
+  EXPECT_TRUE(flex_test::equal(generate(*model, ids, {}, k1).sequences, g));
   GenerateOptions p0 = s;
   p0.top_p = 1e-6;
-  EXPECT_TRUE(at::equal(generate(*model, ids, {}, p0).sequences, g));
+  EXPECT_TRUE(flex_test::equal(generate(*model, ids, {}, p0).sequences, g));
 }
 
 // Frequencies of draws from known probabilities (0.1, 0.2, 0.3, 0.4).

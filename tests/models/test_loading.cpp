@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test_util.h"
+
 using namespace flex;
 using models_test::close;
 namespace fs = std::filesystem;
@@ -99,7 +101,7 @@ void expect_same_weights(CausalLM& a, CausalLM& b) {
   ASSERT_EQ(sa.size(), sb.size());
   for (size_t i = 0; i < sa.size(); ++i) {
     EXPECT_EQ(sa[i].first, sb[i].first);
-    EXPECT_TRUE(at::equal(sa[i].second, sb[i].second)) << sa[i].first;
+    EXPECT_TRUE(flex_test::equal(sa[i].second, sb[i].second)) << sa[i].first;
   }
 }
 
@@ -118,10 +120,10 @@ TEST(Loading, EmptyInitThenLoadEqualsDirectBuildThenLoad) {
     expect_same_weights(*empty, *direct);
     for (auto& [n, mod] : empty->named_flex_modules())
       for (const auto& b : mod->named_buffers(false))
-        EXPECT_TRUE(at::equal(b.value(), get_module_tensor(*direct, (n.empty() ? "" : n + ".") + b.key()))) << n;
+        EXPECT_TRUE(flex_test::equal(b.value(), get_module_tensor(*direct, (n.empty() ? "" : n + ".") + b.key()))) << n;
     at::NoGradGuard g;
     const at::Tensor ids = models_test::golden_inputs();
-    EXPECT_TRUE(at::equal(empty->logits(ids), direct->logits(ids))) << name;
+    EXPECT_TRUE(flex_test::equal(empty->logits(ids), direct->logits(ids))) << name;
   }
 }
 
@@ -142,7 +144,7 @@ TEST(Loading, LoadCheckpointAndDispatchMatchesDirectLoading) {
       o.no_split_module_classes = m->no_split_modules();
       load_checkpoint_and_dispatch(*m, models_test::model_dir(name), o);
       m->tie_weights();
-      EXPECT_TRUE(at::equal(m->logits(ids), expected)) << name << " cpu";
+      EXPECT_TRUE(flex_test::equal(m->logits(ids), expected)) << name << " cpu";
     }
     {  // CPU + disk under a budget, as the golden end-to-end run.
       std::shared_ptr<CausalLM> m;
@@ -167,7 +169,7 @@ TEST(Loading, LoadCheckpointAndDispatchMatchesDirectLoading) {
       int on_disk = 0;
       for (const auto& e : map->entries()) on_disk += e.second.is_disk();
       EXPECT_GT(on_disk, 0) << name << ": the budget should push some modules to disk";
-      EXPECT_TRUE(at::equal(m->logits(ids), expected)) << name << " cpu+disk";
+      EXPECT_TRUE(flex_test::equal(m->logits(ids), expected)) << name << " cpu+disk";
     }
   }
 }
@@ -180,7 +182,7 @@ TEST(Loading, DtypeOnLoad) {
   auto bf = load_pretrained(models_test::model_dir("llama"), "bfloat16");
   for (auto& [k, t] : state_dict(*bf)) {
     EXPECT_EQ(t.scalar_type(), at::kBFloat16) << k;
-    EXPECT_TRUE(at::equal(t, ckpt.get(k).to(at::kBFloat16))) << k;
+    EXPECT_TRUE(flex_test::equal(t, ckpt.get(k).to(at::kBFloat16))) << k;
   }
   at::Tensor logits = bf->logits(ids);
   EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
@@ -195,7 +197,7 @@ TEST(Loading, DtypeOnLoad) {
   auto up = load_pretrained(models_test::model_dir("llama-bf16"), at::kFloat);
   for (auto& [k, t] : state_dict(*up)) {
     EXPECT_EQ(t.scalar_type(), at::kFloat) << k;
-    EXPECT_TRUE(at::equal(t, ck16.get(k).to(at::kFloat))) << k;
+    EXPECT_TRUE(flex_test::equal(t, ck16.get(k).to(at::kFloat))) << k;
   }
   // "auto" on an f32 config stays f32.
   auto f = load_pretrained(models_test::model_dir("gpt2"), "auto");

@@ -12,6 +12,8 @@
 #include <map>
 #include <set>
 
+#include "test_util.h"
+
 using namespace flex;
 using models_test::close;
 
@@ -154,7 +156,7 @@ TEST_P(Moe, ForcingTheChosenExpertsGivesBitwiseTheUneditedLogits) {
     for (const auto& [pair, tokens] : tokens_of) hooks.push_back({hp, force_experts(pair, tokens)});
   }
   MoeRun forced = run(m, hooks);
-  EXPECT_TRUE(at::equal(forced.logits, plain.logits));
+  EXPECT_TRUE(flex_test::equal(forced.logits, plain.logits));
 
   // Forcing other experts does change them.
   MoeRun other = run(m, {{block_of(m, 0) + ".hook_selected_experts", force_experts({3, 1})}});

@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include "test_util.h"
+
 using namespace flex;
 
 namespace {
@@ -67,8 +69,9 @@ TEST(Rotary, RotationRotatesEachHalfPair) {
     for (int64_t i = 0; i < d / 2; ++i) {
       const double a = ang[t][i].item<double>();
       at::Tensor x1 = x.select(2, t).select(-1, i), x2 = x.select(2, t).select(-1, i + d / 2);
-      EXPECT_TRUE(at::allclose(y.select(2, t).select(-1, i), x1 * std::cos(a) - x2 * std::sin(a), 1e-12, 1e-12));
-      EXPECT_TRUE(at::allclose(y.select(2, t).select(-1, i + d / 2), x2 * std::cos(a) + x1 * std::sin(a), 1e-12, 1e-12));
+      EXPECT_TRUE(flex_test::close(y.select(2, t).select(-1, i), x1 * std::cos(a) - x2 * std::sin(a), 1e-12, 1e-12));
+      EXPECT_TRUE(
+          flex_test::close(y.select(2, t).select(-1, i + d / 2), x2 * std::cos(a) + x1 * std::sin(a), 1e-12, 1e-12));
     }
 }
 

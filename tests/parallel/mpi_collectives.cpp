@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi_util.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::all_comm_dtypes;
@@ -28,10 +29,10 @@ TEST(Collectives, Broadcast) {
   for (auto dt : all_comm_dtypes()) {
     at::Tensor t = w->rank() == root ? rank_tensor(root, {3, 4}, dt) : at::Tensor();
     w->broadcast(t, root);
-    EXPECT_TRUE(t.equal(rank_tensor(root, {3, 4}, dt))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(t, rank_tensor(root, {3, 4}, dt))) << c10::toString(dt);
     at::Tensor u = w->rank() == 0 ? rank_tensor(0, {5}, dt) : at::zeros({5}, dt);  // preallocated
     w->broadcast(u, 0);
-    EXPECT_TRUE(u.equal(rank_tensor(0, {5}, dt))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(u, rank_tensor(0, {5}, dt))) << c10::toString(dt);
   }
 }
 
@@ -50,7 +51,7 @@ TEST(Collectives, SendRecvRing) {
       w->send(mine, (r + 1) % n, 3);
     }
     const int from = (r + n - 1) % n;
-    EXPECT_TRUE(got.equal(rank_tensor(from, {2, from + 1}, dt))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(got, rank_tensor(from, {2, from + 1}, dt))) << c10::toString(dt);
   }
 }
 
@@ -65,7 +66,7 @@ TEST(Collectives, GatherWithDifferentShapes) {
     }
     ASSERT_EQ(static_cast<int>(got.size()), w->size());
     for (int r = 0; r < w->size(); ++r) {
-      EXPECT_TRUE(got[r].equal(rank_tensor(r, {r + 1, 3}, dt))) << c10::toString(dt) << " rank " << r;
+      EXPECT_TRUE(flex_test::equal(got[r], rank_tensor(r, {r + 1, 3}, dt))) << c10::toString(dt) << " rank " << r;
     }
   }
 }
@@ -75,7 +76,8 @@ TEST(Collectives, AllGather) {
   for (auto dt : all_comm_dtypes()) {
     auto got = w->all_gather(rank_tensor(w->rank(), {2, 2}, dt));
     ASSERT_EQ(static_cast<int>(got.size()), w->size());
-    for (int r = 0; r < w->size(); ++r) EXPECT_TRUE(got[r].equal(rank_tensor(r, {2, 2}, dt))) << c10::toString(dt);
+    for (int r = 0; r < w->size(); ++r)
+      EXPECT_TRUE(flex_test::equal(got[r], rank_tensor(r, {2, 2}, dt))) << c10::toString(dt);
   }
 }
 
@@ -86,7 +88,8 @@ TEST(Collectives, AllReduceSumMaxMin) {
       at::Tensor t = rank_tensor(w->rank(), {4, 5}, dt);
       w->all_reduce(t, op);
       EXPECT_EQ(t.scalar_type(), dt);
-      EXPECT_TRUE(t.equal(expected_reduce(op, {4, 5}, dt, w->size()))) << c10::toString(dt) << " " << to_string(op);
+      EXPECT_TRUE(flex_test::equal(t, expected_reduce(op, {4, 5}, dt, w->size())))
+          << c10::toString(dt) << " " << to_string(op);
     }
   }
 }
@@ -100,7 +103,7 @@ TEST(Collectives, AllReduceRandomFloats) {
   }
   at::Tensor t = all[w->rank()].clone();
   w->all_reduce(t);
-  EXPECT_TRUE(at::allclose(t, at::stack(all).sum(0), 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(t, at::stack(all).sum(0), 1e-5, 1e-6));
 }
 
 TEST(Collectives, Reduce) {
@@ -108,7 +111,7 @@ TEST(Collectives, Reduce) {
   for (auto dt : all_comm_dtypes()) {
     at::Tensor got = w->reduce(rank_tensor(w->rank(), {6}, dt), 0, ReduceOp::Sum);
     if (w->rank() == 0) {
-      EXPECT_TRUE(got.equal(expected_reduce(ReduceOp::Sum, {6}, dt, w->size()))) << c10::toString(dt);
+      EXPECT_TRUE(flex_test::equal(got, expected_reduce(ReduceOp::Sum, {6}, dt, w->size()))) << c10::toString(dt);
     } else {
       EXPECT_FALSE(got.defined());
     }
@@ -122,7 +125,7 @@ TEST(Collectives, ReduceScatter) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min}) {
       at::Tensor got = w->reduce_scatter(rank_tensor(w->rank(), {2 * n, 3}, dt), op);
       at::Tensor expect = expected_reduce(op, {2 * n, 3}, dt, n).chunk(n, 0)[w->rank()];
-      EXPECT_TRUE(got.equal(expect)) << c10::toString(dt) << " " << to_string(op);
+      EXPECT_TRUE(flex_test::equal(got, expect)) << c10::toString(dt) << " " << to_string(op);
     }
   }
   EXPECT_THROW(w->reduce_scatter(at::zeros({n + 1}), ReduceOp::Sum), ShapeError);
@@ -191,5 +194,5 @@ TEST(Collectives, MismatchesRaiseTheSameErrorEverywhere) {
   // The communicator is still in step after validation errors.
   at::Tensor ok = at::ones({2});
   w->all_reduce(ok);
-  EXPECT_TRUE(ok.equal(at::full({2}, static_cast<double>(w->size()))));
+  EXPECT_TRUE(flex_test::equal(ok, at::full({2}, static_cast<double>(w->size()))));
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi_util.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::world;
@@ -77,8 +78,8 @@ TEST(Mesh, SeveralMeshesAtOnce) {
     a.tp_group()->all_reduce(x);
     b.tp_group()->all_reduce(y);
     b.dp_group()->all_reduce(y);
-    EXPECT_TRUE(x.equal(at::full({2}, static_cast<double>(n))));
-    EXPECT_TRUE(y.equal(at::full({2}, static_cast<double>(n))));
+    EXPECT_TRUE(flex_test::equal(x, at::full({2}, static_cast<double>(n))));
+    EXPECT_TRUE(flex_test::equal(y, at::full({2}, static_cast<double>(n))));
   }
   EXPECT_EQ(a.tp_rank(), w->rank());
   EXPECT_EQ(b.dp_rank(), w->rank());

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi_util.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::all_comm_dtypes;
@@ -42,9 +43,9 @@ TEST(Operations, GatherConcatenatesEveryRankOnDim0) {
       b0.push_back(rank_tensor(r, {4}, dt));
       b1.push_back(rank_tensor(r, {1}, dt));
     }
-    EXPECT_TRUE(leaf(got, "a").equal(at::cat(a))) << c10::toString(dt);
-    EXPECT_TRUE(leaf(got, "b", 0).equal(at::cat(b0))) << c10::toString(dt);
-    EXPECT_TRUE(leaf(got, "b", 1).equal(at::cat(b1))) << c10::toString(dt);  // 0-d -> [n]
+    EXPECT_TRUE(flex_test::equal(leaf(got, "a"), at::cat(a))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(leaf(got, "b", 0), at::cat(b0))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(leaf(got, "b", 1), at::cat(b1))) << c10::toString(dt);  // 0-d -> [n]
     EXPECT_EQ(got.toGenericDict().at("n").toInt(), 7);
   }
 }
@@ -63,14 +64,14 @@ TEST(Operations, UnevenShapesNeedPaddingFirst) {
       e.narrow(0, first ? n - (r + 1) : 0, r + 1).copy_(rank_tensor(r, {r + 1, 2}, at::kFloat));
       expected.push_back(e);
     }
-    EXPECT_TRUE(gather(*w, padded).toTensor().equal(at::cat(expected))) << "pad_first " << first;
+    EXPECT_TRUE(flex_test::equal(gather(*w, padded).toTensor(), at::cat(expected))) << "pad_first " << first;
   }
   // Along dim 1, and a 1-d tensor left alone when dim 1 does not exist.
   const Value two = c10::ivalue::Tuple::create({rank_tensor(me, {2, me + 2}, at::kLong), rank_tensor(me, {3}, at::kLong)});
   const Value p = pad_across_processes(*w, two, 1, 9);
   EXPECT_EQ(p.toTupleRef().elements()[0].toTensor().size(1), n + 1);
   EXPECT_TRUE(p.toTupleRef().elements()[0].toTensor().narrow(1, me + 2, n - 1 - me).eq(9).all().item<bool>());
-  EXPECT_TRUE(p.toTupleRef().elements()[1].toTensor().equal(rank_tensor(me, {3}, at::kLong)));
+  EXPECT_TRUE(flex_test::equal(p.toTupleRef().elements()[1].toTensor(), rank_tensor(me, {3}, at::kLong)));
 }
 
 TEST(Operations, MismatchedStructuresFailOnEveryRank) {
@@ -85,7 +86,7 @@ TEST(Operations, MismatchedStructuresFailOnEveryRank) {
   // Another dtype on one rank.
   EXPECT_THROW(reduce(*w, Value(w->rank() == 0 ? at::ones({2}) : at::ones({2}, at::kDouble))), ConfigError);
   // The communicator is still usable afterwards.
-  EXPECT_TRUE(gather(*w, Value(t)).toTensor().equal(at::ones({2 * w->size()})));
+  EXPECT_TRUE(flex_test::equal(gather(*w, Value(t)).toTensor(), at::ones({2 * w->size()})));
 }
 
 TEST(Operations, BroadcastFromTheLastRank) {
@@ -93,8 +94,8 @@ TEST(Operations, BroadcastFromTheLastRank) {
   const int root = w->size() - 1;
   for (auto dt : all_comm_dtypes()) {
     const Value got = broadcast(*w, nested(w->rank(), dt), root);
-    EXPECT_TRUE(leaf(got, "a").equal(rank_tensor(root, {2, 3}, dt))) << c10::toString(dt);
-    EXPECT_TRUE(leaf(got, "b", 1).equal(rank_tensor(root, {1}, dt).reshape({}))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(leaf(got, "a"), rank_tensor(root, {2, 3}, dt))) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(leaf(got, "b", 1), rank_tensor(root, {1}, dt).reshape({}))) << c10::toString(dt);
   }
 }
 
@@ -107,7 +108,7 @@ TEST(Operations, ObjectsTravelPickled) {
   ASSERT_EQ(objs.size(), 3u);
   EXPECT_EQ(objs[0].toInt(), 42);
   EXPECT_EQ(objs[1].toStringRef(), "from one");
-  EXPECT_TRUE(objs[2].toTensor().equal(rank_tensor(1, {2, 2}, at::kHalf)));
+  EXPECT_TRUE(flex_test::equal(objs[2].toTensor(), rank_tensor(1, {2, 2}, at::kHalf)));
 
   // A list is flattened; anything else is one entry per rank.
   c10::impl::GenericList pair(c10::AnyType::get());
@@ -121,7 +122,7 @@ TEST(Operations, ObjectsTravelPickled) {
   }
   const auto each = gather_object(*w, Value(rank_tensor(me, {me + 1}, at::kLong)));  // uneven shapes are fine here
   ASSERT_EQ(each.size(), static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(each[r].toTensor().equal(rank_tensor(r, {r + 1}, at::kLong)));
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(flex_test::equal(each[r].toTensor(), rank_tensor(r, {r + 1}, at::kLong)));
 }
 
 TEST(Operations, ReduceSumAndMean) {
@@ -134,18 +135,18 @@ TEST(Operations, ReduceSumAndMean) {
     const Value v(rank_tensor(w->rank(), {3, 2}, dt));
     at::Tensor got = reduce(*w, v, Reduction::Sum).toTensor();
     EXPECT_EQ(got.scalar_type(), dt);
-    EXPECT_TRUE(got.to(at::kDouble).equal(sum)) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(got.to(at::kDouble), sum)) << c10::toString(dt);
     if (at::isFloatingType(dt)) {
       got = reduce(*w, v, Reduction::Sum, 0.5).toTensor();
-      EXPECT_TRUE(got.to(at::kDouble).allclose(sum * 0.5)) << c10::toString(dt);
+      EXPECT_TRUE(flex_test::close(got.to(at::kDouble), sum * 0.5)) << c10::toString(dt);
       got = reduce(*w, v, Reduction::Mean).toTensor();
       const double tol = dt == at::kBFloat16 ? 2e-2 : dt == at::kHalf ? 2e-3 : 1e-6;
-      EXPECT_TRUE(got.to(at::kDouble).allclose(sum / n, tol, tol)) << c10::toString(dt);
+      EXPECT_TRUE(flex_test::close(got.to(at::kDouble), sum / n, tol, tol)) << c10::toString(dt);
     } else {
       EXPECT_THROW(reduce(*w, v, Reduction::Mean), ConfigError) << c10::toString(dt);
       EXPECT_THROW(reduce(*w, v, Reduction::Sum, 0.5), ConfigError) << c10::toString(dt);
     }
-    EXPECT_TRUE(reduce(*w, v, Reduction::None).toTensor().equal(v.toTensor()));
+    EXPECT_TRUE(flex_test::equal(reduce(*w, v, Reduction::None).toTensor(), v.toTensor()));
   }
 }
 
@@ -159,14 +160,14 @@ TEST(Operations, LocalHelpers) {
   };
   const Value a = pair(0), b = pair(1);
   const Value c = concatenate({a, b}, 0);
-  EXPECT_TRUE(leaf(c, "b", 0).equal(at::cat({leaf(a, "b", 0), leaf(b, "b", 0)})));
-  EXPECT_TRUE(leaf(c, "a").equal(at::cat({leaf(a, "a"), leaf(b, "a")})));
+  EXPECT_TRUE(flex_test::equal(leaf(c, "b", 0), at::cat({leaf(a, "b", 0), leaf(b, "b", 0)})));
+  EXPECT_TRUE(flex_test::equal(leaf(c, "a"), at::cat({leaf(a, "a"), leaf(b, "a")})));
   EXPECT_THROW(concatenate({a, Value(at::ones({1}))}), ConfigError);
   const Value s = slice_tensors(c, 1, 3);
-  EXPECT_TRUE(leaf(s, "a").equal(leaf(c, "a").narrow(0, 1, 2)));
+  EXPECT_TRUE(flex_test::equal(leaf(s, "a"), leaf(c, "a").narrow(0, 1, 2)));
   const Value h = convert_to_fp32(nested(2, at::kBFloat16));
   EXPECT_EQ(leaf(h, "a").scalar_type(), at::kFloat);
-  EXPECT_TRUE(leaf(h, "a").equal(rank_tensor(2, {2, 3}, at::kFloat)));
+  EXPECT_TRUE(flex_test::equal(leaf(h, "a"), rank_tensor(2, {2, 3}, at::kFloat)));
   EXPECT_EQ(leaf(convert_to_fp32(nested(2, at::kLong)), "a").scalar_type(), at::kLong);
   const auto j = listify(c10::ivalue::Tuple::create({Value(at::arange(4, at::kLong).view({2, 2})), Value(1.5)}));
   EXPECT_EQ(j.dump(), "[[[0,1],[2,3]],1.5]");

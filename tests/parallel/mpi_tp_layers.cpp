@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi_util.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::world;
@@ -26,10 +27,10 @@ TEST(TensorParallel, ColumnGatherAndGatherWhole) {
   local.load_shard("weight", W);
   local.load_shard("bias", b);
   const at::Tensor piece = local(x);
-  EXPECT_TRUE(at::allclose(piece, shard_of(ShardSpec::split(-1), expect, tp->rank(), tp->size()), 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(piece, shard_of(ShardSpec::split(-1), expect, tp->rank(), tp->size()), 1e-5, 1e-6));
   at::Tensor whole = gather_whole(local.sharding().output, piece, *tp, 0);
   if (tp->rank() == 0) {
-    EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-6));
+    EXPECT_TRUE(flex_test::close(whole, expect, 1e-5, 1e-6));
   } else {
     EXPECT_FALSE(whole.defined());
   }
@@ -38,7 +39,7 @@ TEST(TensorParallel, ColumnGatherAndGatherWhole) {
   ColumnParallelLinear gathered(6, 12, tp, o);
   gathered.load_shard("weight", W);
   gathered.load_shard("bias", b);
-  EXPECT_TRUE(at::allclose(gathered(x), expect, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(gathered(x), expect, 1e-5, 1e-6));
 }
 
 // GPT-2's c_attn (Conv1D layout, fused [q|k|v], split by heads): gathered on
@@ -56,7 +57,7 @@ TEST(TensorParallel, FusedQkvGathersDeinterleaved) {
   attn.load_shard("weight", W);
   attn.load_shard("bias", b);
   const at::Tensor whole = all_gather_whole(attn.sharding().output, attn(x), *tp);
-  EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(whole, expect, 1e-5, 1e-6));
 }
 
 TEST(TensorParallel, ColumnRowMlpForwardAndBackward) {
@@ -72,14 +73,14 @@ TEST(TensorParallel, ColumnRowMlpForwardAndBackward) {
   at::Tensor y = down(at::gelu(up(x)));
   const at::Tensor W1r = W1.clone().requires_grad_(), W2r = W2.clone().requires_grad_();
   at::Tensor ref = at::linear(at::gelu(at::linear(x, W1r, b1)), W2r, b2);
-  EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(y, ref, 1e-5, 1e-5));
   y.sum().backward();
   ref.sum().backward();
   // Each rank's weight gradient is its slice of the whole gradient.
   const int r = tp->rank(), n = tp->size();
-  EXPECT_TRUE(at::allclose(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(down.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(down.bias.grad(), at::ones({3, 8}).sum(0)));
+  EXPECT_TRUE(flex_test::close(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(down.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(down.bias.grad(), at::ones({3, 8}).sum(0)));
 }
 
 // A loss computed identically on every rank backpropagates through the
@@ -101,9 +102,9 @@ TEST(TensorParallel, AutogradGivesSingleProcessInputAndParameterGradients) {
   const at::Tensor W1r = W1.clone().requires_grad_(), b1r = b1.clone().requires_grad_();
   (down(at::gelu(up(x))) * w).sum().backward();
   (at::linear(at::gelu(at::linear(xr, W1r, b1r)), W2, b2) * w).sum().backward();
-  EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-5, 1e-5)) << "rank " << r;
-  EXPECT_TRUE(at::allclose(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(up.bias.grad(), shard_of(ShardSpec::split(0), b1r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(x.grad(), xr.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(flex_test::close(up.weight.grad(), shard_of(ShardSpec::split(0), W1r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(up.bias.grad(), shard_of(ShardSpec::split(0), b1r.grad(), r, n), 1e-5, 1e-5));
 
   // Gathered column output (the logits head): backward takes this rank's slice.
   ColumnParallelLinear::Options o;
@@ -116,8 +117,8 @@ TEST(TensorParallel, AutogradGivesSingleProcessInputAndParameterGradients) {
   const at::Tensor W1h = W1.clone().requires_grad_();
   (head(x2).pow(2) * wh).sum().backward();
   (at::linear(x2r, W1h, b1).pow(2) * wh).sum().backward();
-  EXPECT_TRUE(at::allclose(x2.grad(), x2r.grad(), 1e-5, 1e-5)) << "rank " << r;
-  EXPECT_TRUE(at::allclose(head.weight.grad(), shard_of(ShardSpec::split(0), W1h.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(x2.grad(), x2r.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(flex_test::close(head.weight.grad(), shard_of(ShardSpec::split(0), W1h.grad(), r, n), 1e-5, 1e-5));
 
   // Row layer on a whole input: the input gradient is all-gathered back.
   RowParallelLinear::Options ro;
@@ -130,9 +131,9 @@ TEST(TensorParallel, AutogradGivesSingleProcessInputAndParameterGradients) {
   const at::Tensor W2r = W2.clone().requires_grad_(), b2r = b2.clone().requires_grad_();
   (row(z).tanh() * w).sum().backward();
   (at::linear(zr, W2r, b2r).tanh() * w).sum().backward();
-  EXPECT_TRUE(at::allclose(z.grad(), zr.grad(), 1e-5, 1e-5)) << "rank " << r;
-  EXPECT_TRUE(at::allclose(row.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(row.bias.grad(), b2r.grad(), 1e-5, 1e-5));  // the bias is whole on every rank
+  EXPECT_TRUE(flex_test::close(z.grad(), zr.grad(), 1e-5, 1e-5)) << "rank " << r;
+  EXPECT_TRUE(flex_test::close(row.weight.grad(), shard_of(ShardSpec::split(1), W2r.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(row.bias.grad(), b2r.grad(), 1e-5, 1e-5));  // the bias is whole on every rank
 
   // Vocab-parallel embedding: each rank's rows get their part of the gradient.
   const at::Tensor E = seeded(38, {10, 4}), ids = at::tensor({0, 9, 3, 4, 7, 2, 5, 9}, at::kLong).view({2, 4});
@@ -142,7 +143,7 @@ TEST(TensorParallel, AutogradGivesSingleProcessInputAndParameterGradients) {
   const at::Tensor Er = E.clone().requires_grad_();
   (emb(ids).sin() * we).sum().backward();
   (at::embedding(Er, ids).sin() * we).sum().backward();
-  EXPECT_TRUE(at::allclose(emb.weight.grad(), shard_of(ShardSpec::split(0), Er.grad(), r, n), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(emb.weight.grad(), shard_of(ShardSpec::split(0), Er.grad(), r, n), 1e-5, 1e-5));
 }
 
 TEST(TensorParallel, RowFromWholeInputAndPartialSums) {
@@ -154,7 +155,7 @@ TEST(TensorParallel, RowFromWholeInputAndPartialSums) {
   RowParallelLinear row(12, 5, tp, o);
   row.load_shard("weight", W);
   row.load_shard("bias", b);
-  EXPECT_TRUE(at::allclose(row(x), expect, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(row(x), expect, 1e-5, 1e-5));
   // Without the all-reduce the output is a partial sum; gathering reduces it.
   RowParallelLinear::Options p;
   p.reduce_output = false;
@@ -165,7 +166,7 @@ TEST(TensorParallel, RowFromWholeInputAndPartialSums) {
   const at::Tensor local = part(shard_of(ShardSpec::split(-1), x, tp->rank(), tp->size()));
   at::Tensor whole = gather_whole(part.sharding().output, local, *tp, tp->size() - 1);
   if (tp->rank() == tp->size() - 1) {
-    EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-5));
+    EXPECT_TRUE(flex_test::close(whole, expect, 1e-5, 1e-5));
   } else {
     EXPECT_FALSE(whole.defined());
   }
@@ -177,11 +178,11 @@ TEST(TensorParallel, VocabParallelEmbeddingUneven) {
   const at::Tensor ids = at::tensor({0, 9, 3, 4, 7, 2, 5, 6}, at::kLong).view({2, 4});
   VocabParallelEmbedding emb(10, 4, tp);
   emb.load_shard("weight", W);
-  EXPECT_TRUE(emb(ids).equal(at::embedding(W, ids)));
+  EXPECT_TRUE(flex_test::equal(emb(ids), at::embedding(W, ids)));
   // Every rank rejects an id outside the vocabulary (no rank is left waiting).
   EXPECT_THROW(emb(at::tensor({10}, at::kLong)), ShapeError);
   at::Tensor again = emb(ids);
-  EXPECT_TRUE(again.equal(at::embedding(W, ids)));
+  EXPECT_TRUE(flex_test::equal(again, at::embedding(W, ids)));
 }
 
 // Tensor-parallel layers on the tp groups of a 2-D mesh.
@@ -196,5 +197,5 @@ TEST(TensorParallel, OnMeshTpGroups) {
   ColumnParallelLinear m(8, 6, mesh.tp_group(), o);
   m.load_shard("weight", W);
   m.load_shard("bias", b);
-  EXPECT_TRUE(at::allclose(m(x), at::linear(x, W, b), 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(m(x), at::linear(x, W, b), 1e-5, 1e-6));
 }

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 TEST(LocalComm, CollectivesAreCopies) {
@@ -13,13 +15,13 @@ TEST(LocalComm, CollectivesAreCopies) {
   at::Tensor t = at::arange(6, at::kFloat).view({2, 3});
   at::Tensor orig = t.clone();
   c.all_reduce(t, ReduceOp::Max);
-  EXPECT_TRUE(t.equal(orig));
+  EXPECT_TRUE(flex_test::equal(t, orig));
   auto g = c.gather(t, 0);
   ASSERT_EQ(g.size(), 1u);
-  EXPECT_TRUE(g[0].equal(orig));
+  EXPECT_TRUE(flex_test::equal(g[0], orig));
   EXPECT_NE(g[0].data_ptr(), t.data_ptr());
-  EXPECT_TRUE(c.reduce_scatter(t).equal(orig));
-  EXPECT_TRUE(c.reduce(t, 0).equal(orig));
+  EXPECT_TRUE(flex_test::equal(c.reduce_scatter(t), orig));
+  EXPECT_TRUE(flex_test::equal(c.reduce(t, 0), orig));
   EXPECT_THROW(c.gather(t, 1), ConfigError);
 }
 
@@ -27,8 +29,8 @@ TEST(LocalComm, SendToSelfQueuesInOrder) {
   LocalCommunicator c;
   c.send(at::ones({2}, at::kInt), 0, 5);
   c.send(at::zeros({3}, at::kBool), 0, 5);
-  EXPECT_TRUE(c.recv(0, 5).equal(at::ones({2}, at::kInt)));
-  EXPECT_TRUE(c.recv(0, 5).equal(at::zeros({3}, at::kBool)));
+  EXPECT_TRUE(flex_test::equal(c.recv(0, 5), at::ones({2}, at::kInt)));
+  EXPECT_TRUE(flex_test::equal(c.recv(0, 5), at::zeros({3}, at::kBool)));
   EXPECT_THROW(c.recv(0, 5), CommError);  // would wait forever
 }
 

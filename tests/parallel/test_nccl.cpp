@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 using namespace flex;
 
 TEST(Nccl, OneRankCollectives) {
@@ -23,20 +25,20 @@ TEST(Nccl, OneRankCollectives) {
     const at::Tensor x = (at::arange(12, cuda.dtype(at::kLong)) % 5).to(dt).view({4, 3});
     at::Tensor t = x.clone();
     c->all_reduce(t, ReduceOp::Sum);
-    EXPECT_TRUE(t.equal(x)) << c10::toString(dt);
+    EXPECT_TRUE(flex_test::equal(t, x)) << c10::toString(dt);
     at::Tensor b;
     c->broadcast(b = x.clone(), 0);
-    EXPECT_TRUE(b.equal(x));
+    EXPECT_TRUE(flex_test::equal(b, x));
     auto g = c->all_gather(x);
     ASSERT_EQ(g.size(), 1u);
-    EXPECT_TRUE(g[0].equal(x));
-    EXPECT_TRUE(c->reduce(x, 0, ReduceOp::Max).equal(x));
-    EXPECT_TRUE(c->reduce_scatter(x, ReduceOp::Min).equal(x));
+    EXPECT_TRUE(flex_test::equal(g[0], x));
+    EXPECT_TRUE(flex_test::equal(c->reduce(x, 0, ReduceOp::Max), x));
+    EXPECT_TRUE(flex_test::equal(c->reduce_scatter(x, ReduceOp::Min), x));
   }
   // CPU tensors go through the bootstrap.
   at::Tensor h = at::ones({3});
   c->all_reduce(h);
-  EXPECT_TRUE(h.equal(at::ones({3})));
+  EXPECT_TRUE(flex_test::equal(h, at::ones({3})));
 #endif
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "sim_comm.h"
+#include "test_util.h"
 
 using namespace flex;
 using flex_test::RankOnlyComm;
@@ -26,10 +27,10 @@ TEST(ColumnParallel, PiecesConcatenateToLinear) {
       ColumnParallelLinear m(5, 12, sim(r, n));
       m.load_shard("weight", W);
       m.load_shard("bias", b);
-      EXPECT_TRUE(m.weight.equal(W.chunk(n, 0)[r]));
+      EXPECT_TRUE(flex_test::equal(m.weight, W.chunk(n, 0)[r]));
       outs.push_back(m.compute_local(x));
     }
-    EXPECT_TRUE(at::allclose(at::cat(outs, -1), expect, 1e-5, 1e-6)) << n;
+    EXPECT_TRUE(flex_test::close(at::cat(outs, -1), expect, 1e-5, 1e-6)) << n;
   }
 }
 
@@ -58,10 +59,10 @@ TEST(ColumnParallel, FusedConv1dQkv) {
   EXPECT_EQ(sh.output, ShardSpec::fused(-1, {E, E, E}, hd));
   EXPECT_EQ(sh.params.at("weight"), ShardSpec::fused(1, {E, E, E}, hd));
   const at::Tensor whole = assemble(sh.output, outs);
-  EXPECT_TRUE(at::allclose(whole, expect, 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(whole, expect, 1e-5, 1e-6));
   // q, k and v each equal the plain projection's.
   for (int i = 0; i < 3; ++i) {
-    EXPECT_TRUE(at::allclose(whole.narrow(-1, i * E, E), expect.narrow(-1, i * E, E), 1e-5, 1e-6));
+    EXPECT_TRUE(flex_test::close(whole.narrow(-1, i * E, E), expect.narrow(-1, i * E, E), 1e-5, 1e-6));
   }
 }
 
@@ -74,14 +75,14 @@ TEST(RowParallel, PartialSumsAddToLinear) {
       RowParallelLinear m(12, 7, sim(r, n));
       m.load_shard("weight", W);
       m.load_shard("bias", b);
-      EXPECT_TRUE(m.bias.equal(b));
+      EXPECT_TRUE(flex_test::equal(m.bias, b));
       partial.push_back(m.compute_local(x.chunk(n, -1)[r]));
       EXPECT_EQ(m.sharding().params.at("bias"), ShardSpec::replicated());
       EXPECT_EQ(m.sharding().input, ShardSpec::split(-1));
     }
     at::Tensor sum = partial[0];
     for (int r = 1; r < n; ++r) sum = sum + partial[r];
-    EXPECT_TRUE(at::allclose(sum, expect, 1e-5, 1e-5)) << n;
+    EXPECT_TRUE(flex_test::close(sum, expect, 1e-5, 1e-5)) << n;
   }
 }
 
@@ -100,7 +101,7 @@ TEST(RowParallel, Conv1dLayoutUnevenHeads) {
     m->load_shard("bias", b);
   }
   const at::Tensor y = m0.compute_local(x.narrow(1, 0, 6)) + m1.compute_local(x.narrow(1, 6, 4));
-  EXPECT_TRUE(at::allclose(y, expect, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(y, expect, 1e-5, 1e-5));
   EXPECT_THROW(m1.compute_local(x), ShapeError);
 }
 
@@ -115,7 +116,7 @@ TEST(VocabParallel, PartialLookupsAddToEmbedding) {
       m.load_shard("weight", W);
       sum = sum + m.compute_local(ids);
     }
-    EXPECT_TRUE(sum.equal(expect)) << n;
+    EXPECT_TRUE(flex_test::equal(sum, expect)) << n;
   }
   VocabParallelEmbedding m(10, 4, sim(1, 3));
   EXPECT_EQ(m.vocab_start, 4);  // array_split(10, 3): 4, 3, 3
@@ -143,11 +144,11 @@ TEST(TensorParallel, MlpForwardBackwardOnLocalGroup) {
   at::Tensor y = down(at::gelu(up(x)));
   const at::Tensor W1r = W1.clone().requires_grad_(), W2r = W2.clone().requires_grad_();
   at::Tensor ref = at::linear(at::gelu(at::linear(x, W1r, b1)), W2r, b2);
-  EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(y, ref, 1e-5, 1e-5));
   y.sum().backward();
   ref.sum().backward();
-  EXPECT_TRUE(at::allclose(up.weight.grad(), W1r.grad(), 1e-5, 1e-5));
-  EXPECT_TRUE(at::allclose(down.weight.grad(), W2r.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(up.weight.grad(), W1r.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(flex_test::close(down.weight.grad(), W2r.grad(), 1e-5, 1e-5));
 }
 
 TEST(LoadShard, ViewOfWholeAndErrors) {
@@ -174,7 +175,7 @@ TEST(LoadShard, ViewOfWholeAndErrors) {
   }());
   h.load_shard("weight", W);
   EXPECT_EQ(h.weight.scalar_type(), at::kHalf);
-  EXPECT_TRUE(h.weight.to(at::kFloat).allclose(W.narrow(0, 0, 6), 1e-2, 1e-2));
+  EXPECT_TRUE(flex_test::close(h.weight.to(at::kFloat), W.narrow(0, 0, 6), 1e-2, 1e-2));
 }
 
 TEST(LoadShard, NullGroupIsConfigError) {

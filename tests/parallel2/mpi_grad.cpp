@@ -45,10 +45,6 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& ids) {
   return nll + (logits * w).mean();
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& e) {
-  return (a.to(at::kDouble) - e.to(at::kDouble)).abs().max().item<double>();
-}
-
 std::map<std::string, at::Tensor> single_process_gradients(const std::string& fixture, const at::Tensor& ids) {
   auto lm = flex::load_pretrained(flex_test::fixture("models/" + fixture));
   for (auto& p : lm->parameters()) p.set_requires_grad(true);
@@ -81,8 +77,8 @@ std::map<std::string, at::Tensor> parallel_whole_gradients(flex::ParallelCausalL
       // Replicated and PartialSum: every rank's gradient is the whole one.
       auto all = tp.all_gather(g);
       for (size_t r = 1; r < all.size(); ++r)
-        EXPECT_LE(max_diff(all[r], all[0]), 1e-6) << what << " " << name << " (" << spec.describe() << "): rank "
-                                                  << r << "'s gradient differs from rank 0's";
+        EXPECT_TRUE(flex_test::close(all[r], all[0], /*rtol=*/0, 1e-6))
+            << what << " " << name << " (" << spec.describe() << "): rank " << r << "'s gradient differs from rank 0's";
       whole[name] = g;
     }
   }
@@ -105,7 +101,7 @@ void expect_same_gradients(const std::map<std::string, at::Tensor>& expected,
     ASSERT_TRUE(whole.count(name)) << what << ": no parallel gradient for " << name;
     ASSERT_EQ(whole.at(name).sizes(), g.sizes()) << what << " " << name;
     const double scale = g.abs().max().item<double>();
-    EXPECT_LE(max_diff(whole.at(name), g), 1e-5 * (1.0 + scale))
+    EXPECT_TRUE(flex_test::close(whole.at(name), g, /*rtol=*/0, 1e-5 * (1.0 + scale)))
         << what << " " << name << ": gradient differs from the single-process one (max |g| " << scale << ")";
     ++compared;
   }
@@ -220,7 +216,8 @@ TEST_P(ParallelGrad, GradientHooksMatchSingleProcess) {
         ASSERT_EQ(it->second.size(), list.size()) << what << " " << key;
         ASSERT_EQ(it->second[0].sizes(), list[0].sizes()) << what << " " << key;
         const double scale = list[0].abs().max().item<double>();
-        EXPECT_LE(max_diff(it->second[0], list[0]), 1e-5 * (1.0 + scale)) << what << " capture " << key;
+        EXPECT_TRUE(flex_test::close(it->second[0], list[0], /*rtol=*/0, 1e-5 * (1.0 + scale)))
+            << what << " capture " << key;
       }
     } else {
       EXPECT_TRUE(fm.output().empty()) << what << ": rank " << mesh().rank() << " kept captures";

@@ -21,10 +21,6 @@ flex::DeviceMesh local_mesh() { return flex::DeviceMesh(std::make_shared<flex::L
 
 at::Tensor inputs() { return parallel2_test::golden_input_ids(); }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
 class LocalParallel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LocalParallel, LoadedModelMatchesGoldenLogitsAndCaptures) {
@@ -38,9 +34,9 @@ TEST_P(LocalParallel, LoadedModelMatchesGoldenLogitsAndCaptures) {
                                                                                     : "gpt_neox.layers.1.mlp";
   fm.register_forward_hook(std::make_shared<flex::HookFunction>(mlp));
   at::Tensor logits = fm.forward(inputs());
-  EXPECT_LE(max_diff(logits, g->get("logits")), 1e-5);
+  EXPECT_TRUE(flex_test::close(logits, g->get("logits"), /*rtol=*/0, 1e-5));
   ASSERT_EQ(fm.output().at(mlp).size(), 1u);
-  EXPECT_LE(max_diff(fm.output().at(mlp)[0], g->get(mlp)), 1e-5);
+  EXPECT_TRUE(flex_test::close(fm.output().at(mlp)[0], g->get(mlp), /*rtol=*/0, 1e-5));
 }
 
 TEST_P(LocalParallel, ParallelizeSlicesAnUnshardedModel) {
@@ -48,7 +44,7 @@ TEST_P(LocalParallel, ParallelizeSlicesAnUnshardedModel) {
   auto whole = flex::load_pretrained(flex_test::fixture("models/" + name));
   auto lm = flex::parallelize(*whole, local_mesh());
   at::Tensor ids = inputs();
-  EXPECT_LE(max_diff(lm->logits(ids), whole->logits(ids)), 1e-6);
+  EXPECT_TRUE(flex_test::close(lm->logits(ids), whole->logits(ids), /*rtol=*/0, 1e-6));
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, LocalParallel, ::testing::Values("gpt2", "llama", "gpt-neox"),

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 using flex::FourBitType;
@@ -135,7 +137,7 @@ TEST(DoubleQuant, AbsmaxesQuantizedInBlocksOf256AroundTheirMean) {
   ASSERT_TRUE(dq.nested());
   EXPECT_EQ(dq.absmax.scalar_type(), at::kByte);
   EXPECT_EQ(dq.nested_absmax.numel(), 3);
-  EXPECT_TRUE(at::equal(dq.packed, plain.packed)) << "the 4-bit codes do not depend on double quantization";
+  EXPECT_TRUE(flex_test::equal(dq.packed, plain.packed)) << "the 4-bit codes do not depend on double quantization";
   const double mean = plain.absmax.to(at::kDouble).mean().item<double>();
   EXPECT_NEAR(dq.offset, mean, 1e-6);
   const auto& code = flex::dynamic_code();

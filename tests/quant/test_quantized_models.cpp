@@ -211,7 +211,8 @@ TEST(BnbCheckpoint, FourBitLayoutRoundTripsThroughTheWriter) {
     EXPECT_FALSE(ck.contains("lm_head.weight.absmax"));
     // Loaded back: bitwise the same logits.
     auto back = flex::from_pretrained(dir);
-    EXPECT_TRUE(at::equal(back->logits(golden_inputs()), lm->logits(golden_inputs()))) << (nested ? "nested" : "plain");
+    EXPECT_TRUE(flex_test::equal(back->logits(golden_inputs()), lm->logits(golden_inputs())))
+        << (nested ? "nested" : "plain");
   }
 }
 
@@ -248,7 +249,7 @@ TEST(QuantizedOffload, BlocksOnDiskGiveTheInMemoryLogits) {
   o.offload_folder = tmp.str("offload");
   auto offloaded = flex::from_pretrained(flex_test::fixture("models/llama"), o);
   EXPECT_TRUE(fs::exists(tmp.str("offload") + "/index.json"));
-  EXPECT_TRUE(at::equal(offloaded->logits(golden_inputs()), in_memory->logits(golden_inputs())));
+  EXPECT_TRUE(flex_test::equal(offloaded->logits(golden_inputs()), in_memory->logits(golden_inputs())));
   // Without an offload folder the quantized disk weights have nowhere to go.
   o.offload_folder.reset();
   EXPECT_THROW(flex::from_pretrained(flex_test::fixture("models/llama"), o), flex::ConfigError);
@@ -273,10 +274,10 @@ TEST(LoadAndQuantizeModel, OnMetaFromWeightsOrInPlace) {
   flex::LoadAndQuantizeOptions o;
   o.default_skip = {"lm_head"};
   flex::load_and_quantize_model(*meta, q, dir, o);
-  EXPECT_TRUE(at::equal(meta->logits(golden_inputs()), expect));
+  EXPECT_TRUE(flex_test::equal(meta->logits(golden_inputs()), expect));
   auto loaded = flex::load_pretrained(dir);
   flex::load_and_quantize_model(*loaded, q, std::nullopt, o);
-  EXPECT_TRUE(at::equal(loaded->logits(golden_inputs()), expect));
+  EXPECT_TRUE(flex_test::equal(loaded->logits(golden_inputs()), expect));
   // skip_modules / keep_in_fp32_modules leave layers in full precision.
   flex::BnbQuantizationConfig keep = q;
   keep.keep_in_fp32_modules = {"mlp"};

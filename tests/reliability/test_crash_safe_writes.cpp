@@ -204,7 +204,8 @@ void check_after_full_disk(const std::string& which, const std::string& dir) {
     CaptureReader r(dir + "/cap");
     EXPECT_GT(r.num_forwards(), 0);
     EXPECT_LT(r.num_forwards(), 10);
-    for (int64_t f = 0; f < r.num_forwards(); ++f) EXPECT_TRUE(at::equal(r.get(f, "x"), small(static_cast<int>(f))));
+    for (int64_t f = 0; f < r.num_forwards(); ++f)
+      EXPECT_TRUE(flex_test::equal(r.get(f, "x"), small(static_cast<int>(f))));
     if (fs::exists(dir + "/cap/index.json")) {
       auto j = nlohmann::json::parse(read_file(dir + "/cap/index.json"));
       EXPECT_EQ(j["forwards"].get<int64_t>(), r.num_forwards());

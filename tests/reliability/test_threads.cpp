@@ -120,6 +120,7 @@ TEST(Threads, StreamingSinksSideBySide) {
   for (int t = 0; t < kThreads; ++t) {
     CaptureReader r(tmp.str("cap" + std::to_string(t)));
     ASSERT_EQ(r.num_forwards(), 20);
-    for (int f = 0; f < 20; ++f) EXPECT_TRUE(at::equal(r.get(f, "x"), at::full({64}, static_cast<float>(100 * t + f))));
+    for (int f = 0; f < 20; ++f)
+      EXPECT_TRUE(flex_test::equal(r.get(f, "x"), at::full({64}, static_cast<float>(100 * t + f))));
   }
 }

@@ -25,6 +25,8 @@
 #include <set>
 #include <thread>
 
+#include "test_util.h"
+
 using cli_test::run;
 namespace fs = std::filesystem;
 
@@ -121,10 +123,6 @@ std::string capture_input_ids(const std::string& tmp, const at::Tensor& ids, int
   return out;
 }
 
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
-}
-
 }  // namespace
 
 TEST(CliDataset, TextCorpusEqualsInputIdsCaptureAcrossShards) {
@@ -143,11 +141,11 @@ TEST(CliDataset, TextCorpusEqualsInputIdsCaptureAcrossShards) {
   EXPECT_GT(ds.num_shards(), 3u) << "the test needs several shards";
   EXPECT_EQ(ds.num_contexts(), contexts);
   auto got = read_all(tmp.str("acts"));
-  ASSERT_TRUE(at::equal(got["token_ids"], as_tensor(p.ids)));
-  EXPECT_TRUE(at::equal(got["document"], as_tensor(p.doc)));
-  EXPECT_TRUE(at::equal(got["position"], as_tensor(p.pos)));
-  EXPECT_TRUE(at::equal(got["context"], at::arange(contexts, at::kLong).repeat_interleave(n)));
-  EXPECT_TRUE(at::equal(got["offset"], at::arange(n, at::kLong).repeat({contexts})));
+  ASSERT_TRUE(flex_test::equal(got["token_ids"], as_tensor(p.ids)));
+  EXPECT_TRUE(flex_test::equal(got["document"], as_tensor(p.doc)));
+  EXPECT_TRUE(flex_test::equal(got["position"], as_tensor(p.pos)));
+  EXPECT_TRUE(flex_test::equal(got["context"], at::arange(contexts, at::kLong).repeat_interleave(n)));
+  EXPECT_TRUE(flex_test::equal(got["offset"], at::arange(n, at::kLong).repeat({contexts})));
 
   // The same tokens through `capture --input-ids`, in the same batches.
   const std::vector<std::string> hooks = {"transformer.h.0", "transformer.h.1.mlp"};
@@ -155,7 +153,7 @@ TEST(CliDataset, TextCorpusEqualsInputIdsCaptureAcrossShards) {
       capture_input_ids(tmp.str(""), as_tensor(p.ids).reshape({contexts, n}), batch, hooks));
   for (const auto& h : hooks) {
     at::Tensor want = ref->get(h).reshape({contexts * n, -1});
-    EXPECT_TRUE(bitwise_equal(got[h], want)) << h << ": max diff " << (got[h] - want).abs().max().item<float>();
+    EXPECT_TRUE(flex_test::equal(got[h], want)) << h << ": max diff " << (got[h] - want).abs().max().item<float>();
   }
 
   // The files themselves: the documented names and metadata.
@@ -201,7 +199,7 @@ TEST(CliDataset, JsonLinesRandomPositionsWithoutBosInBf16) {
   std::set<std::vector<int64_t>> draws;
   for (int64_t c = 0; c < contexts; ++c) {
     at::Tensor ctx = got["context"].narrow(0, c * k, k), off = got["offset"].narrow(0, c * k, k);
-    EXPECT_TRUE(at::equal(ctx, at::full({k}, c, at::kLong)));
+    EXPECT_TRUE(flex_test::equal(ctx, at::full({k}, c, at::kLong)));
     std::vector<int64_t> o(off.data_ptr<int64_t>(), off.data_ptr<int64_t>() + k);
     EXPECT_TRUE(std::is_sorted(o.begin(), o.end()) && std::adjacent_find(o.begin(), o.end()) == o.end());
     draws.insert(o);
@@ -220,7 +218,7 @@ TEST(CliDataset, JsonLinesRandomPositionsWithoutBosInBf16) {
   at::Tensor all = ref->get("transformer.h.1").reshape({contexts * n, -1});
   at::Tensor rows = got["context"] * n + got["offset"];
   const at::Tensor want = all.index_select(0, rows);
-  EXPECT_TRUE(at::equal(got["transformer.h.1"], want.to(at::kBFloat16)))
+  EXPECT_TRUE(flex_test::equal(got["transformer.h.1"], want.to(at::kBFloat16)))
       << (got["transformer.h.1"].to(at::kFloat) - want).abs().max().item<float>();
 
   // The same draw with another batch size (the generator is per context).
@@ -228,7 +226,7 @@ TEST(CliDataset, JsonLinesRandomPositionsWithoutBosInBf16) {
   args[16] = tmp.str("b");
   r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(at::equal(read_all(tmp.str("b"))["offset"], got["offset"]));
+  EXPECT_TRUE(flex_test::equal(read_all(tmp.str("b"))["offset"], got["offset"]));
 }
 
 TEST(CliDataset, TokenIdCorpora) {
@@ -242,9 +240,9 @@ TEST(CliDataset, TokenIdCorpora) {
   ASSERT_EQ(r.code, 0) << r.err;
   auto got = read_all(tmp.str("r"));
   const int64_t whole = 180 / 24 * 24;
-  EXPECT_TRUE(at::equal(got["token_ids"], rows.reshape({-1}).narrow(0, 0, whole)));
-  EXPECT_TRUE(at::equal(got["document"], at::arange(9, at::kLong).repeat_interleave(20).narrow(0, 0, whole)));
-  EXPECT_TRUE(at::equal(got["position"], at::arange(20, at::kLong).repeat({9}).narrow(0, 0, whole)));
+  EXPECT_TRUE(flex_test::equal(got["token_ids"], rows.reshape({-1}).narrow(0, 0, whole)));
+  EXPECT_TRUE(flex_test::equal(got["document"], at::arange(9, at::kLong).repeat_interleave(20).narrow(0, 0, whole)));
+  EXPECT_TRUE(flex_test::equal(got["position"], at::arange(20, at::kLong).repeat({9}).narrow(0, 0, whole)));
 
   // A 1-D stream is one document; --max-tokens rounds up to whole contexts.
   at::Tensor stream = at::randint(0, V - 1, {500}, at::kLong);
@@ -253,8 +251,8 @@ TEST(CliDataset, TokenIdCorpora) {
            "120", "--hook", "transformer.h.0", "--stream-dir", tmp.str("s")});
   ASSERT_EQ(r.code, 0) << r.err;
   got = read_all(tmp.str("s"));
-  EXPECT_TRUE(at::equal(got["token_ids"], stream.narrow(0, 0, 150)));
-  EXPECT_TRUE(at::equal(got["position"], at::arange(150, at::kLong)));
+  EXPECT_TRUE(flex_test::equal(got["token_ids"], stream.narrow(0, 0, 150)));
+  EXPECT_TRUE(flex_test::equal(got["position"], at::arange(150, at::kLong)));
 
   // Ids outside the vocabulary: a ConfigError naming the dataset, not a crash.
   flex::save_safetensors(tmp.str("bad.safetensors"), {{"input_ids", at::full({64}, V + 3, at::kLong)}});
@@ -371,7 +369,7 @@ TEST(CliDataset, KilledAtRandomMomentsResumesToTheUninterruptedDataset) {
 
   auto want = read_all(tmp.str("clean")), got = read_all(tmp.str("killed"));
   ASSERT_EQ(got.size(), want.size());
-  for (const auto& [key, t] : want) EXPECT_TRUE(bitwise_equal(got[key], t)) << key;
+  for (const auto& [key, t] : want) EXPECT_TRUE(flex_test::equal(got[key], t)) << key;
   for (const auto& e : fs::directory_iterator(tmp.str("killed")))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
@@ -398,8 +396,8 @@ TEST(ActivationLoader, InOrderAndShuffledVisitEveryTokenOnce) {
     keys.push_back(b->context * 16 + b->offset);
     acts.push_back(b->activations.at("transformer.h.0"));
   }
-  EXPECT_TRUE(at::equal(at::cat(keys), key));
-  EXPECT_TRUE(at::equal(at::cat(acts), all["transformer.h.0"]));
+  EXPECT_TRUE(flex_test::equal(at::cat(keys), key));
+  EXPECT_TRUE(flex_test::equal(at::cat(acts), all["transformer.h.0"]));
 
   auto shuffled_keys = [&](uint64_t seed) {
     o.shuffle = true;
@@ -409,15 +407,16 @@ TEST(ActivationLoader, InOrderAndShuffledVisitEveryTokenOnce) {
     while (auto b = l.next()) {
       // Each row keeps its own activation.
       at::Tensor place = b->context * 16 + b->offset;
-      EXPECT_TRUE(at::equal(b->activations.at("transformer.h.0"), all["transformer.h.0"].index_select(0, place)));
+      EXPECT_TRUE(
+          flex_test::equal(b->activations.at("transformer.h.0"), all["transformer.h.0"].index_select(0, place)));
       k.push_back(place);
     }
     return at::cat(k);
   };
   at::Tensor s1 = shuffled_keys(1), s1b = shuffled_keys(1), s2 = shuffled_keys(2);
-  EXPECT_TRUE(at::equal(std::get<0>(s1.sort()), key)) << "every token exactly once";
+  EXPECT_TRUE(flex_test::equal(std::get<0>(s1.sort()), key)) << "every token exactly once";
   EXPECT_FALSE(at::equal(s1, key)) << "shuffled";
-  EXPECT_TRUE(at::equal(s1, s1b)) << "same seed, same order";
+  EXPECT_TRUE(flex_test::equal(s1, s1b)) << "same seed, same order";
   EXPECT_FALSE(at::equal(s1, s2));
 }
 
@@ -462,11 +461,11 @@ TEST(CliDataset, EveryFixtureArchitectureEqualsItsInputIdsCapture) {
     ASSERT_EQ(r.code, 0) << a.model << ": " << r.err;
     auto got = read_all(out);
     auto ref = flex::SafetensorsFile::open(tmp.str("ref.safetensors"));
-    EXPECT_TRUE(at::equal(got["token_ids"], stream)) << a.model;
+    EXPECT_TRUE(flex_test::equal(got["token_ids"], stream)) << a.model;
     for (const auto& h : a.hooks) {
       at::Tensor want = ref->get(h);
       want = want.reshape({72, want.numel() / 72});
-      EXPECT_TRUE(bitwise_equal(got[h].reshape({72, -1}), want)) << a.model << " " << h;
+      EXPECT_TRUE(flex_test::equal(got[h].reshape({72, -1}), want)) << a.model << " " << h;
     }
   }
 }
@@ -494,5 +493,5 @@ TEST(CliDataset, OffloadedToDiskGivesTheSameDataset) {
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_FALSE(fs::is_empty(tmp.str("off"))) << "some weights should be on disk";
   auto want = read_all(tmp.str("plain")), got = read_all(tmp.str("offloaded"));
-  for (const auto& [k, t] : want) EXPECT_TRUE(bitwise_equal(got[k], t)) << k;
+  for (const auto& [k, t] : want) EXPECT_TRUE(flex_test::equal(got[k], t)) << k;
 }

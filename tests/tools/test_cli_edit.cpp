@@ -18,6 +18,8 @@
 
 #include <filesystem>
 
+#include "test_util.h"
+
 using cli_test::run;
 namespace fs = std::filesystem;
 
@@ -189,7 +191,7 @@ TEST(CliConvert, Bf16EqualsTransformersBf16Checkpoint) {
   EXPECT_EQ(ours.keys(), ref.keys());
   for (const auto& k : ref.keys()) {
     EXPECT_EQ(ours.dtype(k), at::kBFloat16) << k;
-    EXPECT_TRUE(at::equal(ours.get(k), ref.get(k))) << k;
+    EXPECT_TRUE(flex_test::equal(ours.get(k), ref.get(k))) << k;
   }
   const auto cfg = models_test::read_json(tmp.str("bf16/config.json"));
   EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
@@ -211,7 +213,7 @@ TEST(CliConvert, ReshardKeepsEveryTensorAndCaptureStillMatchesGolden) {
     }
   }
   EXPECT_EQ(ours.keys(), ref.keys());
-  for (const auto& k : ref.keys()) EXPECT_TRUE(at::equal(ours.get(k), ref.get(k))) << k;
+  for (const auto& k : ref.keys()) EXPECT_TRUE(flex_test::equal(ours.get(k), ref.get(k))) << k;
   auto c = run({"capture", tmp.str("sh"), "--input-ids", flex_test::fixture("golden/inputs.safetensors"), "--hook",
                 "model.layers.1", "--out", tmp.str("cap.safetensors")});
   ASSERT_EQ(c.code, 0) << c.err;

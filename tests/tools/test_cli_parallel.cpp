@@ -7,6 +7,7 @@
 #include "cli_util.h"
 #include "golden_capture.h"
 #include "hf_folder.h"
+#include "test_util.h"
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/dispatch/safetensors.h>
@@ -168,8 +169,10 @@ TEST(CliParallel, DatasetCaptureEqualsTheSingleProcessRun) {
     ASSERT_EQ(got.num_shards(), want.num_shards()) << mesh[0];
     for (size_t s = 0; s < want.num_shards(); ++s) {
       auto g = got.shard(s), w = want.shard(s);
-      EXPECT_TRUE(at::equal(g.token_ids, w.token_ids) && at::equal(g.document, w.document) &&
-                  at::equal(g.position, w.position) && at::equal(g.context, w.context));
+      EXPECT_TRUE(flex_test::equal(g.token_ids, w.token_ids)) << mesh[0] << " shard " << s;
+      EXPECT_TRUE(flex_test::equal(g.document, w.document)) << mesh[0] << " shard " << s;
+      EXPECT_TRUE(flex_test::equal(g.position, w.position)) << mesh[0] << " shard " << s;
+      EXPECT_TRUE(flex_test::equal(g.context, w.context)) << mesh[0] << " shard " << s;
       for (const auto& [hook, t] : w.activations)
         EXPECT_TRUE(models_test::close(g.activations.at(hook), t, mesh[0] + " " + hook));
     }

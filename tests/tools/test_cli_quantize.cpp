@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 const std::string kInputs = flex_test::fixture("golden/inputs.safetensors");
@@ -33,7 +35,7 @@ TEST(CliQuantize, CaptureAndConvertGiveTheLibrarysQuantizedModel) {
                             method, "--out", tmp.str(method + ".safetensors")});
     ASSERT_EQ(r.code, 0) << r.err;
     const at::Tensor expect = library_logits(model, method);
-    EXPECT_TRUE(at::equal(flex::SafetensorsFile::open(tmp.str(method + ".safetensors"))->get("logits"), expect))
+    EXPECT_TRUE(flex_test::equal(flex::SafetensorsFile::open(tmp.str(method + ".safetensors"))->get("logits"), expect))
         << method;
     // convert --quantize: bitsandbytes' layout, loading back without the flag.
     r = cli_test::run({"convert", model, "--quantize", method, "--out", tmp.str(method + "-dir")});
@@ -48,7 +50,7 @@ TEST(CliQuantize, CaptureAndConvertGiveTheLibrarysQuantizedModel) {
     EXPECT_TRUE(ck.contains(method == "int8" ? "model.layers.0.mlp.down_proj.SCB"
                                              : "model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"));
     EXPECT_FALSE(ck.contains("lm_head.SCB"));
-    EXPECT_TRUE(at::equal(flex::from_pretrained(tmp.str(method + "-dir"))->logits(inputs()), expect)) << method;
+    EXPECT_TRUE(flex_test::equal(flex::from_pretrained(tmp.str(method + "-dir"))->logits(inputs()), expect)) << method;
   }
 }
 

@@ -34,6 +34,7 @@ struct AttentionLayer {
 /// What each head does, averaged over every row of the capture (all positions).
 struct HeadScore {
   std::string layer;  // "layer 3"
+  int64_t layer_index = 0;  // 3
   int64_t head = 0;
   double previous_token = 0;  // attention from position i to i - 1
   double first_token = 0;     // attention from position i to 0

@@ -187,6 +187,25 @@ void add_findings(Report& r, double uniform) {
       r.findings.push_back("No induction head: no head puts 0.3 of its attention on the token after a repeated token's earlier "
                            "occurrence (uniform: " + fixed(uniform) + ").");
   }
+  // The two-layer circuit (Olsson et al., 2022): a previous-token head writes
+  // "the token before me" into each position, and an induction head in a later
+  // layer finds, for the current token, the position whose previous token it
+  // is. Named when both are there, in that order of layers.
+  if (repeats) {
+    const HeadScore* ind_head = nullptr;
+    for (const auto& h : r.heads)
+      if (induction(h) >= std::max(0.3, 4 * uniform) && (!ind_head || induction(h) > induction(*ind_head))) ind_head = &h;
+    const HeadScore* prev_head = nullptr;
+    if (ind_head)
+      for (const auto& h : r.heads)
+        if (h.layer_index < ind_head->layer_index && previous(h) >= 0.5 && (!prev_head || previous(h) > previous(*prev_head)))
+          prev_head = &h;
+    if (ind_head && prev_head)
+      r.findings.push_back("Induction circuit: " + prev_head->layer + " head " + std::to_string(prev_head->head) +
+                           " attends to the previous token (" + fixed(previous(*prev_head)) + "), and " + ind_head->layer +
+                           " head " + std::to_string(ind_head->head) + " attends from a repeated token to the token after its "
+                           "earlier occurrence (" + fixed(induction(*ind_head)) + ").");
+  }
   const std::string prev = list(previous, 0.5);
   if (!prev.empty()) r.findings.push_back("Previous-token heads: " + prev + " of the attention goes to the token just before.");
   const std::string sink = list(first, 0.5);
@@ -321,7 +340,10 @@ Report analyze(const Options& o) {
     const int64_t row = std::min(o.row, probs.size(0) - 1);
     at::Tensor shown = probs[row].narrow(1, 0, p).narrow(2, 0, p).to(at::kFloat).clamp(0, 1).mul(255).round().to(at::kByte).contiguous();
     a.probs.assign(shown.data_ptr<uint8_t>(), shown.data_ptr<uint8_t>() + shown.numel());
-    for (auto& s : score_heads(probs, targets, a.label)) r.heads.push_back(s);
+    for (auto& s : score_heads(probs, targets, a.label)) {
+      s.layer_index = layer_index[key];
+      r.heads.push_back(s);
+    }
     r.attention.push_back(std::move(a));
   }
 
