@@ -166,6 +166,62 @@ TEST(CliReportErrors, BadInputsAreTypedErrors) {
   EXPECT_FALSE(fs::exists(tmp.str("r.html")));
 }
 
+// ---- findings from hand-made attention --------------------------------------------
+
+/// A capture with attention written by hand: one row of distinct tokens whose
+/// span [a, a + L) is copied to [b, b + L). Layer 0 head 0 attends to the
+/// previous token; layer 1 head 0 attends from each repeated token to the
+/// token after its earlier occurrence (`induction_layer` 1), or that pattern
+/// sits in layer 0 head 1 instead (`induction_layer` 0, where it can only be
+/// found by offset). Every other row of every head is uniform.
+void write_attention_capture(const std::string& path, int induction_layer) {
+  const int64_t T = 40, H = 2, a = 5, L = 8, b = 23;
+  at::Tensor ids = at::arange(100, 100 + T, at::kLong).unsqueeze(0);
+  ids.narrow(1, b, L).copy_(ids.narrow(1, a, L));
+  auto uniform = [&] {
+    at::Tensor p = at::ones({1, H, T, T}).tril();
+    return p / p.sum(-1, true);
+  };
+  at::Tensor l0 = uniform(), l1 = uniform();
+  for (int64_t i = 1; i < T; ++i) {
+    l0[0][0][i].zero_();
+    l0[0][0][i][i - 1] = 1;
+  }
+  at::Tensor& ind = induction_layer == 1 ? l1 : l0;
+  const int64_t ind_head = induction_layer == 1 ? 0 : 1;
+  for (int64_t i = b; i < b + L; ++i) {  // token i repeats token i - (b - a); attend to that one's successor
+    ind[0][ind_head][i].zero_();
+    ind[0][ind_head][i][i - (b - a) + 1] = 1;
+  }
+  flex::save_safetensors(path, {{"input_ids", ids},
+                                {"transformer.h.0.attn.hook_attn_probs", l0},
+                                {"transformer.h.1.attn.hook_attn_probs", l1}});
+}
+
+TEST(CliReportFindings, NamesThePreviousTokenAndTheInductionHeadOfACircuit) {
+  flex_test::TempDir tmp;
+  write_attention_capture(tmp.str("c.safetensors"), 1);
+  auto r = run({"report", tmp.str("c.safetensors"), "--out", tmp.str("r.html")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Induction circuit: layer 0 head 0 attends to the previous token (1.00), and layer 1 head 0 attends "
+                       "from a repeated token to the token after its earlier occurrence (1.00)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Induction heads: layer 1 head 0 (1.00)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("No induction head"), std::string::npos) << r.out;
+}
+
+TEST(CliReportFindings, AFirstLayerHeadOnTheCopyIsFoundByPositionNotAnInductionHead) {
+  flex_test::TempDir tmp;
+  write_attention_capture(tmp.str("c.safetensors"), 0);
+  auto r = run({"report", tmp.str("c.safetensors"), "--out", tmp.str("r.html")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Copy found by position: layer 0 head 1 (1.00)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("No induction head"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Induction circuit"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Induction heads:"), std::string::npos) << r.out;
+}
+
 // ---- headless Chromium --------------------------------------------------------------
 
 /// RGB(A) pixels of an 8-bit PNG (colour types 2 and 6), decoded with zlib.

@@ -178,14 +178,27 @@ void add_findings(Report& r, double uniform) {
   auto previous = [](const HeadScore& h) { return h.previous_token; };
   auto first = [](const HeadScore& h) { return h.first_token; };
   const bool repeats = std::any_of(r.heads.begin(), r.heads.end(), [](const HeadScore& h) { return h.induction.has_value(); });
+  // A head of the model's first layer sees keys that hold only their own token
+  // and position: nothing has yet written "the token before me" into them. So
+  // when it attends from a repeated token to the token after the earlier
+  // occurrence, it has found that position by its offset, not by content, and
+  // is not an induction head (which needs a previous-token head below it).
+  auto content = [&](const HeadScore& h) { return h.layer_index > 0 ? induction(h) : 0.0; };
+  auto by_offset = [&](const HeadScore& h) { return h.layer_index == 0 ? induction(h) : 0.0; };
+  const double threshold = std::max(0.3, 4 * uniform);
   if (repeats) {
-    const std::string ind = list(induction, std::max(0.3, 4 * uniform));
+    const std::string ind = list(content, threshold), offset = list(by_offset, threshold);
     if (!ind.empty())
       r.findings.push_back("Induction heads: " + ind + " of the attention from a repeated token goes to the token right after its "
                            "earlier occurrence (uniform attention would give " + fixed(uniform) + ").");
-    else
-      r.findings.push_back("No induction head: no head puts 0.3 of its attention on the token after a repeated token's earlier "
-                           "occurrence (uniform: " + fixed(uniform) + ").");
+    if (!offset.empty())
+      r.findings.push_back("Copy found by position: " + offset + " of the attention from a repeated token goes to the token right "
+                           "after its earlier occurrence, but a first-layer head cannot see which token precedes a key, so it "
+                           "finds the copy by its distance, not by content (not an induction head).");
+    if (ind.empty())
+      r.findings.push_back("No induction head: no head after the first layer puts " + fixed(threshold) +
+                           " of its attention on the token after a repeated token's earlier occurrence (uniform: " +
+                           fixed(uniform) + ").");
   }
   // The two-layer circuit (Olsson et al., 2022): a previous-token head writes
   // "the token before me" into each position, and an induction head in a later
@@ -194,7 +207,7 @@ void add_findings(Report& r, double uniform) {
   if (repeats) {
     const HeadScore* ind_head = nullptr;
     for (const auto& h : r.heads)
-      if (induction(h) >= std::max(0.3, 4 * uniform) && (!ind_head || induction(h) > induction(*ind_head))) ind_head = &h;
+      if (content(h) >= threshold && (!ind_head || content(h) > content(*ind_head))) ind_head = &h;
     const HeadScore* prev_head = nullptr;
     if (ind_head)
       for (const auto& h : r.heads)

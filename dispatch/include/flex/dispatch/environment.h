@@ -35,7 +35,7 @@ class ClearEnvironment {
   std::map<std::string, std::string> saved_;
 };
 
-/// The libtorch version this program runs with ("1.13.0"; a local part such
+/// The libtorch version this program runs with ("2.13.0"; a local part such
 /// as "+cu124" is dropped).
 std::string torch_version();
 /// Compares torch_version() with `version` (numerically per component,
