@@ -42,7 +42,7 @@ function(flex_add_library)
   endif()
 endfunction()
 
-# flex_add_test(name SOURCES ... DEPS ... [LABELS ...] [SHARDS n] [COST s]):
+# flex_add_test(name SOURCES ... DEPS ... [LABELS ...] [SHARDS n] [COST s] [ENV VAR=value ...]):
 # one GoogleTest executable registered with CTest as one test (all its cases
 # in one process), or as n shards (GoogleTest's GTEST_TOTAL_SHARDS /
 # GTEST_SHARD_INDEX) named <name>_shard<i>of<n>. One process per case would
@@ -52,7 +52,7 @@ endfunction()
 # first. The failing case's name is in the output ctest prints on failure;
 # run one case with --gtest_filter.
 function(flex_add_test name)
-  cmake_parse_arguments(A "" "SHARDS;COST" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "SHARDS;COST" "SOURCES;DEPS;LABELS;ENV" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} flex_test_common GTest::gtest GTest::gtest_main)
   if(FLEX_USE_PCH)
@@ -64,7 +64,7 @@ function(flex_add_test name)
   if(NOT A_COST)
     set(A_COST 2)
   endif()
-  set(env "FLEX_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/data;OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
+  set(env "FLEX_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/data;OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE;${A_ENV}")
   math(EXPR last "${A_SHARDS} - 1")
   foreach(i RANGE ${last})
     if(A_SHARDS EQUAL 1)
