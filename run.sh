@@ -3,7 +3,7 @@
 # job needs (the libraries, the flexmodel tool and one example: about 4
 # minutes the first time on 2 cores, with progress; nothing on later runs).
 # Then:
-#   bash run.sh             trains a 2-layer GPT-2 on the spot (about 20 s,
+#   bash run.sh             trains a 2-layer GPT-2 on the spot (about 5 s,
 #                           one thread) to continue repeated random sequences,
 #   bash run.sh MODEL_DIR   or takes a Hugging Face model folder,
 # runs `flexmodel capture` of every module and the attention probabilities on
@@ -14,7 +14,7 @@
 # Environment: FLEXMODEL_BUILD (build folder, default ./build),
 # FLEXMODEL_SKIP_BUILD=1 (use that build as is), FLEXMODEL_DEMO_DIR (outputs,
 # default <build>/demo), FLEXMODEL_TRAIN_SECONDS (training time limit, 300;
-# the training normally stops on its own after about 250 steps, ~20 s).
+# the training normally stops on its own after about 200 steps, ~5 s).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=${FLEXMODEL_BUILD:-$root/build}

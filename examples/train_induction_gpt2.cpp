@@ -1,7 +1,7 @@
-// The main job's model: a 2-layer GPT-2 trained on the spot (about 20 s on
-// one thread; training is single-threaded so that OMP_NUM_THREADS cannot
-// change the model it ends with) to continue repeated random token sequences, the task on which
-// transformers form induction heads (Olsson et al., 2022). It is written as a
+// The main job's model: a 2-layer GPT-2 trained on the spot (about 200
+// steps, 5 s; single-threaded so that OMP_NUM_THREADS cannot change the model
+// it ends with) to continue repeated random token sequences, the task on
+// which transformers form induction heads (Olsson et al., 2022). It is written as a
 // Hugging Face folder (config.json, model.safetensors, tokenizer) so that
 // `flexmodel capture` and `flexmodel report` treat it like any downloaded
 // model, together with held-out repeated sequences as input_ids.

@@ -70,9 +70,9 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
   # thread pools); LSan reports only unreachable blocks, which it has none of.
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_odr_violation=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  # shellcheck disable=SC2086
   # MKL single-threaded: the bitwise checks here (dataset capture) see its
   # two-thread first-call differences otherwise (tests/CMakeLists.txt).
+  # shellcheck disable=SC2086
   MKL_NUM_THREADS=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE run_tests "$asan_dir" $asan_tests || status=1
   # The CLI capture path under LeakSanitizer: a leak, invalid access or UB fails it.
   cli_tmp=$(mktemp -d)

@@ -9,8 +9,10 @@
 #include <flex/dispatch/device_map.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/streaming_sink.h>
+#include <flex/parallel/mpi_communicator.h>
 
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <map>
@@ -379,4 +381,22 @@ TEST(CliHelp, EveryCommandHasHelp) {
   auto r = run({"--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("capture"), std::string::npos);
+}
+
+// The versions come from the headers this test compiled against and from the
+// dynamic loader's view of the test process, not from the tool.
+TEST(CliVersion, NamesFlexmodelLibtorchItsBuildAndTheBackends) {
+  const auto r = run({"--version"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("flexmodel 0."), std::string::npos) << r.out;
+#ifdef FLEX_TORCH_CUDA
+  const std::string build = ", CUDA build (";
+#else
+  const std::string build = ", CPU build (";
+#endif
+  EXPECT_NE(r.out.find(std::string("libtorch ") + TORCH_VERSION + build), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("libtorch_cpu.so"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(flex::mpi_available() ? "MPI: compiled in (" : "MPI: not compiled in"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NCCL: "), std::string::npos) << r.out;
+  EXPECT_NE(run({"--help"}).out.find("flexmodel --version"), std::string::npos);
 }

@@ -199,12 +199,10 @@ void add_findings(Report& r, double uniform) {
       r.findings.push_back("No induction head: no head after the first layer puts " + fixed(threshold) +
                            " of its attention on the token after a repeated token's earlier occurrence (uniform: " +
                            fixed(uniform) + ").");
-  }
-  // The two-layer circuit (Olsson et al., 2022): a previous-token head writes
-  // "the token before me" into each position, and an induction head in a later
-  // layer finds, for the current token, the position whose previous token it
-  // is. Named when both are there, in that order of layers.
-  if (repeats) {
+    // The two-layer circuit (Olsson et al., 2022): a previous-token head writes
+    // "the token before me" into each position, and an induction head in a
+    // later layer finds, for the current token, the position whose previous
+    // token it is. Named when both are there, in that order of layers.
     const HeadScore* ind_head = nullptr;
     for (const auto& h : r.heads)
       if (content(h) >= threshold && (!ind_head || content(h) > content(*ind_head))) ind_head = &h;
