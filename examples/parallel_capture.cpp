@@ -10,6 +10,7 @@
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
+#include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/parallel/communicator.h>
@@ -52,10 +53,11 @@ int main(int argc, char** argv) {
     flex::DeviceMesh mesh(world, tp, pp, dp);  // ConfigError unless tp*pp*dp == ranks
     auto model = flex::load_parallel_pretrained(dir, mesh);
     const auto& cfg = model->config();
-    const std::string block0 = cfg.model_type == "gpt2" ? "transformer.h.0" : cfg.model_type == "gpt_neox" ? "gpt_neox.layers.0" : "model.layers.0";
-    const std::string last = block0.substr(0, block0.size() - 1) + std::to_string(cfg.num_hidden_layers - 1);
-    const std::vector<std::string> hooks = {block0, block0 + (cfg.model_type == "gpt2" ? ".mlp.c_proj" : ".mlp"), last,
-                                            "lm_head"};
+    const flex::Architecture& arch = flex::architecture(cfg);
+    const std::string block0 = flex::block_name(arch, 0), last = flex::block_name(arch, cfg.num_hidden_layers - 1);
+    // GPT-2's MLP hooked at its output projection, the others' whole MLP.
+    const std::string mlp = block0 + (arch.family == flex::ArchFamily::GPT2 ? ".mlp.c_proj" : ".mlp");
+    const std::vector<std::string> hooks = {block0, mlp, last, arch.names.head};
     const int64_t rows = 8, T = 12;
     at::Tensor ids = at::arange(rows * T, at::kLong).remainder(cfg.vocab_size).view({rows, T});
 

@@ -5,6 +5,7 @@
 // blocks and final norm of each architecture.
 #include "hf_folder.h"
 
+#include <flex/models/architecture.h>
 #include <flex/models/causal_lm.h>
 
 #include <cstdlib>
@@ -74,22 +75,11 @@ inline std::string model_dir_or_tiny(const Options& o, int n_layer = 4) {
 
 /// Hook names of block i and of the final norm, per architecture.
 inline std::string block_name(const flex::CausalLM& m, int i) {
-  const auto& t = m.config().model_type;
-  if (t == "gpt2") return "transformer.h." + std::to_string(i);
-  if (t == "gpt_neox") return "gpt_neox.layers." + std::to_string(i);
-  return "model.layers." + std::to_string(i);
+  return flex::block_name(flex::architecture(m.config()), i);
 }
-inline std::string final_norm_name(const flex::CausalLM& m) {
-  const auto& t = m.config().model_type;
-  if (t == "gpt2") return "transformer.ln_f";
-  if (t == "gpt_neox") return "gpt_neox.final_layer_norm";
-  return "model.norm";
-}
+inline std::string final_norm_name(const flex::CausalLM& m) { return flex::final_norm_name(flex::architecture(m.config())); }
 inline std::string attention_name(const flex::CausalLM& m, int i) {
-  const auto& t = m.config().model_type;
-  if (t == "gpt2") return block_name(m, i) + ".attn";
-  if (t == "gpt_neox") return block_name(m, i) + ".attention";
-  return block_name(m, i) + ".self_attn";
+  return flex::attention_name(flex::architecture(m.config()), i);
 }
 
 }  // namespace flex_examples

@@ -2,6 +2,7 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
 
 #include <ATen/ATen.h>
@@ -21,16 +22,15 @@ std::string join(const std::vector<std::string>& v, size_t limit) {
 }  // namespace
 
 std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& cfg, const at::TensorOptions& opts) {
+  const Architecture& arch = architecture(cfg);
   std::shared_ptr<CausalLM> m;
-  if (cfg.model_type == "gpt2") m = std::make_shared<GPT2LMHeadModel>(cfg, opts);
-  if (const DecoderArch* arch = decoder_arch(cfg.model_type)) m = std::make_shared<DecoderForCausalLM>(*arch, cfg, opts);
-  if (cfg.model_type == "gpt_neox") m = std::make_shared<GPTNeoXForCausalLM>(cfg, opts);
-  if (m) {
-    m->eval();  // dropout off unless the caller asks for train()
-    return m;
+  switch (arch.family) {
+    case ArchFamily::GPT2: m = std::make_shared<GPT2LMHeadModel>(cfg, opts); break;
+    case ArchFamily::GPTNeoX: m = std::make_shared<GPTNeoXForCausalLM>(cfg, opts); break;
+    case ArchFamily::Decoder: m = std::make_shared<DecoderForCausalLM>(*arch.decoder, cfg, opts); break;
   }
-  throw ConfigError(cfg.source + ": model_type '" + cfg.model_type + "' is not supported (supported: " +
-                    supported_model_types() + ")");
+  m->eval();  // dropout off unless the caller asks for train()
+  return m;
 }
 
 at::ScalarType parse_torch_dtype(const std::string& name) {

@@ -1,4 +1,7 @@
+#include "config_reader.h"
+
 #include <flex/hooks/errors.h>
+#include <flex/models/architecture.h>
 #include <flex/models/config.h>
 
 #include <cmath>
@@ -11,66 +14,7 @@ namespace flex {
 namespace {
 
 using json = nlohmann::json;
-
-// Field readers: every message names the file, the model type and the field.
-struct Reader {
-  const json& j;
-  const std::string& source;
-  const std::string& type;
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw ConfigError(source + ": field '" + field + "' " + what + " (model_type '" + type + "')");
-  }
-  const json* find(const std::string& field) const {
-    auto it = j.find(field);
-    if (it == j.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-  int64_t integer(const json& v, const std::string& field) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    // Some configs write sizes as 64.0. Only whole numbers an int64 holds
-    // exactly (|x| <= 2^53) convert; a cast of 7.8e48 would be undefined.
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (std::floor(d) == d && std::fabs(d) <= 9007199254740992.0) return static_cast<int64_t>(d);
-    }
-    fail(field, "must be an integer, got " + v.dump());
-  }
-  int64_t required_int(const std::string& field) const {
-    const json* v = find(field);
-    if (!v) fail(field, "is required but missing");
-    int64_t x = integer(*v, field);
-    if (x <= 0) fail(field, "must be positive, got " + std::to_string(x));
-    return x;
-  }
-  int64_t int_or(const std::string& field, int64_t dflt) const {
-    const json* v = find(field);
-    return v ? integer(*v, field) : dflt;
-  }
-  double number_or(const std::string& field, double dflt) const {
-    const json* v = find(field);
-    if (!v) return dflt;
-    if (!v->is_number()) fail(field, "must be a number, got " + v->dump());
-    return v->get<double>();
-  }
-  bool bool_or(const std::string& field, bool dflt) const {
-    const json* v = find(field);
-    if (!v) return dflt;
-    if (!v->is_boolean()) fail(field, "must be true or false, got " + v->dump());
-    return v->get<bool>();
-  }
-  std::string string_or(const std::string& field, const std::string& dflt) const {
-    const json* v = find(field);
-    if (!v) return dflt;
-    if (!v->is_string()) fail(field, "must be a string, got " + v->dump());
-    return v->get<std::string>();
-  }
-  std::optional<int64_t> optional_int(const std::string& field) const {
-    const json* v = find(field);
-    if (!v) return std::nullopt;
-    return integer(*v, field);
-  }
-};
+using Reader = detail::ConfigReader;
 
 // Phi-3's longrope (older configs call it "su"): one divisor per rotary
 // frequency for short and for long contexts, and a cos/sin scale that
@@ -106,7 +50,7 @@ void parse_longrope(const Reader& r, const Reader& sub, ModelConfig& c) {
   }
 }
 
-void parse_rope_scaling(const Reader& r, ModelConfig& c) {
+void parse_rope_scaling(const Reader& r, const Architecture& arch, ModelConfig& c) {
   const json* rs = r.find("rope_scaling");
   if (!rs) return;
   if (!rs->is_object()) r.fail("rope_scaling", "must be an object or null, got " + rs->dump());
@@ -115,9 +59,9 @@ void parse_rope_scaling(const Reader& r, ModelConfig& c) {
   RopeScaling& s = c.rope_scaling;
   s.rope_type = kind;
   if (kind == "default") return;
-  if (c.model_type == "phi3") {
+  if (arch.longrope) {
     if (kind != "longrope" && kind != "su")
-      r.fail("rope_scaling.type", "'" + kind + "' is not supported for phi3 (supported: longrope)");
+      r.fail("rope_scaling.type", "'" + kind + "' is not supported for " + c.model_type + " (supported: longrope)");
     return parse_longrope(r, sub, c);
   }
   if (kind != "linear" && kind != "dynamic" && kind != "llama3")
@@ -160,78 +104,10 @@ void parse_gpt2(const Reader& r, ModelConfig& c) {
   c.head_dim = c.hidden_size / c.num_attention_heads;
 }
 
-// Transformers' defaults of the Llama family, where the architectures differ.
-struct FamilyDefaults {
-  double rms_norm_eps = 1e-6;
-  bool tie_word_embeddings = false;
-  int64_t head_dim = 0;          // 0: hidden_size / num_attention_heads
-  int64_t max_position_embeddings = 2048;
-  const char* act_field = "hidden_act";
-  const char* act = "silu";
-};
-
-FamilyDefaults family_defaults(const std::string& type) {
-  FamilyDefaults d;
-  if (type == "mistral") d.max_position_embeddings = 4096 * 32;
-  if (type == "qwen2") d.max_position_embeddings = 32768;
-  if (type == "qwen3") d.max_position_embeddings = 32768, d.head_dim = 128;
-  if (type == "gemma2")
-    d.max_position_embeddings = 8192, d.head_dim = 256, d.tie_word_embeddings = true, d.act_field = "hidden_activation",
-    d.act = "gelu_pytorch_tanh";
-  if (type == "phi3") d.max_position_embeddings = 4096, d.rms_norm_eps = 1e-5;
-  if (type == "olmo2") d.rms_norm_eps = 1e-5;
-  if (type == "mixtral") d.max_position_embeddings = 4096 * 32, d.rms_norm_eps = 1e-5;
-  if (type == "qwen2_moe") d.max_position_embeddings = 32768;
-  return d;
-}
-
-// A sliding window: absent takes `dflt`, null means none.
-int64_t window_or(const Reader& r, int64_t dflt) {
-  auto it = r.j.find("sliding_window");
-  if (it == r.j.end()) return dflt;
-  if (it->is_null()) return 0;
-  int64_t w = r.integer(*it, "sliding_window");
-  if (w <= 0) r.fail("sliding_window", "must be positive or null, got " + std::to_string(w));
-  return w;
-}
-
-// Mixtral and Qwen2-MoE: the experts (Transformers' defaults when absent).
-void parse_experts(const Reader& r, ModelConfig& c) {
-  const bool mixtral = c.model_type == "mixtral";
-  const char* n_field = mixtral ? "num_local_experts" : "num_experts";
-  c.num_experts = r.int_or(n_field, mixtral ? 8 : 60);
-  c.num_experts_per_tok = r.int_or("num_experts_per_tok", mixtral ? 2 : 4);
-  if (c.num_experts <= 0) r.fail(n_field, "must be positive, got " + std::to_string(c.num_experts));
-  if (c.num_experts > (int64_t{1} << 16))
-    r.fail(n_field, "is " + std::to_string(c.num_experts) + ", beyond what any model needs (at most 65536)");
-  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
-    r.fail("num_experts_per_tok", "must be between 1 and " + std::string(n_field) + " (" +
-                                      std::to_string(c.num_experts) + "), got " + std::to_string(c.num_experts_per_tok));
-  if (mixtral) {
-    c.moe_intermediate_size = c.intermediate_size;
-    c.norm_topk_prob = true;
-    return;
-  }
-  c.moe_intermediate_size = r.int_or("moe_intermediate_size", 1408);
-  c.shared_expert_intermediate_size = r.int_or("shared_expert_intermediate_size", 5632);
-  c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
-  c.decoder_sparse_step = r.int_or("decoder_sparse_step", 1);
-  if (c.moe_intermediate_size <= 0) r.fail("moe_intermediate_size", "must be positive");
-  if (c.moe_intermediate_size > (int64_t{1} << 24)) r.fail("moe_intermediate_size", "is beyond what any model needs");
-  if (c.shared_expert_intermediate_size < 0 || c.shared_expert_intermediate_size > (int64_t{1} << 24))
-    r.fail("shared_expert_intermediate_size", "must be between 0 and 2^24");
-  if (c.decoder_sparse_step <= 0) r.fail("decoder_sparse_step", "must be positive");
-  if (const json* m = r.find("mlp_only_layers")) {
-    if (!m->is_array()) r.fail("mlp_only_layers", "must be a list of layer indices, got " + m->dump());
-    for (const auto& x : *m) c.mlp_only_layers.push_back(r.integer(x, "mlp_only_layers"));
-  }
-}
-
-// Llama, Mistral, Qwen2, Qwen3, Gemma 2, Phi-3, OLMo 2: the same field names,
-// different defaults and a few architecture-only fields.
-void parse_llama_family(const Reader& r, ModelConfig& c) {
-  const std::string& type = c.model_type;
-  const FamilyDefaults d = family_defaults(type);
+// The Llama family: the same field names, Transformers' defaults from the
+// registry entry, then what only the architecture reads (its read_config).
+void parse_decoder(const Reader& r, const Architecture& arch, ModelConfig& c) {
+  const ConfigDefaults& d = arch.defaults;
   c.vocab_size = r.required_int("vocab_size");
   c.hidden_size = r.required_int("hidden_size");
   c.num_hidden_layers = r.required_int("num_hidden_layers");
@@ -243,63 +119,23 @@ void parse_llama_family(const Reader& r, ModelConfig& c) {
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
     r.fail("num_key_value_heads", "must divide num_attention_heads (" + std::to_string(c.num_attention_heads) +
                                       "), got " + std::to_string(c.num_key_value_heads));
-  if (type == "phi3" && r.find("head_dim")) r.fail("head_dim", "is not a Phi-3 field (Phi-3 uses hidden_size / heads)");
   if (!r.find("head_dim") && d.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)
     r.fail("num_attention_heads", "must divide hidden_size when head_dim is absent");
   c.head_dim = r.int_or("head_dim", d.head_dim ? d.head_dim : c.hidden_size / c.num_attention_heads);
   if (c.head_dim <= 0 || c.head_dim % 2 != 0) r.fail("head_dim", "must be positive and even, got " + std::to_string(c.head_dim));
-  c.norm_eps = r.number_or("rms_norm_eps", d.rms_norm_eps);
-  c.hidden_act = r.string_or(d.act_field, type == "gemma2" ? r.string_or("hidden_act", d.act) : d.act);
+  c.norm_eps = r.number_or("rms_norm_eps", d.norm_eps);
+  // An architecture whose activation field is not hidden_act (Gemma 2's
+  // hidden_activation) still honours hidden_act when only that is given.
+  const std::string act_field = d.act_field;
+  c.hidden_act = r.string_or(act_field, act_field != "hidden_act" ? r.string_or("hidden_act", d.act) : d.act);
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", d.tie_word_embeddings);
-  c.rope_theta = r.number_or("rope_theta", type == "mixtral" ? 1e6 : 10000.0);
+  c.rope_theta = r.number_or("rope_theta", d.rope_theta);
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
-
-  // Biases: Llama, OLMo 2, Gemma 2, Qwen3 follow attention_bias on q/k/v/o;
-  // Qwen2 always has q/k/v biases and none on o_proj; Mistral, Phi-3 none.
-  if (type == "qwen2" || type == "qwen2_moe") {
-    c.qkv_bias = true;
-  } else if (type == "mistral" || type == "phi3" || type == "mixtral") {
-    c.attention_bias = c.qkv_bias = false;
-  } else {
-    c.attention_bias = c.qkv_bias = r.bool_or("attention_bias", false);
-  }
-  if (type == "llama") {
-    c.mlp_bias = r.bool_or("mlp_bias", false);
-    if (r.int_or("pretraining_tp", 1) != 1)
-      r.fail("pretraining_tp", "other than 1 is not supported (it only changes how HF splits matmuls)");
-  }
-
-  // Attention variants.
-  if (type == "mistral") c.sliding_window = window_or(r, 4096);
-  if (type == "phi3" || type == "mixtral") c.sliding_window = window_or(r, 0);
-  if (type == "gemma2") {
-    c.sliding_window = window_or(r, 4096);
-    c.sliding_window_pattern = 2;
-    c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
-    if (!(c.query_pre_attn_scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
-    auto cap = [&](const char* field, double dflt) {
-      auto it = r.j.find(field);
-      if (it == r.j.end()) return dflt;
-      if (it->is_null()) return 0.0;
-      const double v = r.number_or(field, dflt);
-      if (!(v > 0)) r.fail(field, "must be positive or null");
-      return v;
-    };
-    c.attn_logit_softcapping = cap("attn_logit_softcapping", 50.0);
-    c.final_logit_softcapping = cap("final_logit_softcapping", 30.0);
-  }
-  if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe") {
-    if (r.bool_or("use_sliding_window", false))
-      r.fail("use_sliding_window", "true is not supported (Qwen2/Qwen3 slide only in layers >= max_window_layers, "
-                                   "and only under flash attention)");
-  }
-  if (type == "phi3" && r.number_or("partial_rotary_factor", 1.0) != 1.0)
-    r.fail("partial_rotary_factor", "other than 1 is not supported for phi3");
-  parse_rope_scaling(r, c);
-  if (type == "mixtral" || type == "qwen2_moe") parse_experts(r, c);
+  if (arch.read_config) arch.read_config(r, c);
+  parse_rope_scaling(r, arch, c);
 }
 
-void parse_gpt_neox(const Reader& r, ModelConfig& c) {
+void parse_gpt_neox(const Reader& r, const Architecture& arch, ModelConfig& c) {
   c.vocab_size = r.required_int("vocab_size");
   c.hidden_size = r.required_int("hidden_size");
   c.num_hidden_layers = r.required_int("num_hidden_layers");
@@ -319,7 +155,7 @@ void parse_gpt_neox(const Reader& r, ModelConfig& c) {
   c.rope_theta = r.number_or("rope_theta", r.number_or("rotary_emb_base", 10000.0));
   c.use_parallel_residual = r.bool_or("use_parallel_residual", true);
   c.attention_bias = r.bool_or("attention_bias", true);
-  parse_rope_scaling(r, c);
+  parse_rope_scaling(r, arch, c);
   if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0)
     r.fail("rotary_pct", "gives " + std::to_string(c.rotary_dim()) + " rotary dims per head; it must be even and >= 2");
 }
@@ -327,21 +163,6 @@ void parse_gpt_neox(const Reader& r, ModelConfig& c) {
 }  // namespace
 
 int64_t ModelConfig::rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * rotary_pct); }
-
-std::string ModelConfig::causal_lm_class() const {
-  if (model_type == "gpt2") return "GPT2LMHeadModel";
-  if (model_type == "llama") return "LlamaForCausalLM";
-  if (model_type == "gpt_neox") return "GPTNeoXForCausalLM";
-  if (model_type == "mistral") return "MistralForCausalLM";
-  if (model_type == "qwen2") return "Qwen2ForCausalLM";
-  if (model_type == "qwen3") return "Qwen3ForCausalLM";
-  if (model_type == "gemma2") return "Gemma2ForCausalLM";
-  if (model_type == "phi3") return "Phi3ForCausalLM";
-  if (model_type == "olmo2") return "Olmo2ForCausalLM";
-  if (model_type == "mixtral") return "MixtralForCausalLM";
-  if (model_type == "qwen2_moe") return "Qwen2MoeForCausalLM";
-  return "";
-}
 
 bool ModelConfig::layer_is_sparse(int64_t layer) const {
   if (num_experts <= 0) return false;
@@ -351,16 +172,12 @@ bool ModelConfig::layer_is_sparse(int64_t layer) const {
 }
 
 namespace {
-bool is_llama_family(const std::string& t) {
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma2" || t == "phi3" || t == "olmo2" ||
-         t == "mixtral" || t == "qwen2_moe";
-}
 
 // Sizes far beyond any real model end here with the field named, before any
 // tensor is allocated (a config with num_hidden_layers 2e8 must not reach the
 // allocator as an untyped std::bad_alloc).
-void check_sizes(const Reader& r, const ModelConfig& c) {
-  const bool gpt2 = c.model_type == "gpt2";
+void check_sizes(const Reader& r, const Architecture& arch, const ModelConfig& c) {
+  const bool gpt2 = arch.family == ArchFamily::GPT2;  // GPT-2's own field names in messages
   auto limit = [&](const char* field, const char* gpt2_field, int64_t v, int64_t max) {
     if (v > max)
       r.fail(gpt2 && gpt2_field ? gpt2_field : field,
@@ -372,10 +189,8 @@ void check_sizes(const Reader& r, const ModelConfig& c) {
   limit("head_dim", nullptr, c.head_dim, int64_t{1} << 16);
   limit("intermediate_size", "n_inner", c.intermediate_size, int64_t{1} << 24);
   limit("vocab_size", nullptr, c.vocab_size, int64_t{1} << 28);
-  // GPT-2 and GPT-NeoX hold a [n, n] causal-mask buffer per layer.
-  const bool square_mask = gpt2 || c.model_type == "gpt_neox";
   limit("max_position_embeddings", "n_positions", c.max_position_embeddings,
-        square_mask ? int64_t{1} << 15 : int64_t{1} << 30);
+        arch.square_mask_buffer ? int64_t{1} << 15 : int64_t{1} << 30);
   // The whole model: embeddings plus per layer attention and MLP weights.
   const double h = static_cast<double>(c.hidden_size);
   const double attn = h * static_cast<double>(c.head_dim) *
@@ -394,8 +209,6 @@ void check_sizes(const Reader& r, const ModelConfig& c) {
 
 }  // namespace
 
-std::string supported_model_types() { return "gpt2, llama, gpt_neox, mistral, qwen2, qwen3, gemma2, phi3, olmo2, mixtral, qwen2_moe"; }
-
 namespace {
 ModelConfig parse_config_impl(const json& j, const std::string& source) {
   if (!j.is_object()) throw ConfigError(source + ": a config must be a JSON object");
@@ -407,16 +220,13 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
     throw ConfigError(source + ": field 'model_type' is required but missing (supported: " + supported_model_types() + ")");
   c.model_type = it->get<std::string>();
   Reader r{j, source, c.model_type};
-  if (c.model_type == "gpt2")
-    parse_gpt2(r, c);
-  else if (is_llama_family(c.model_type))
-    parse_llama_family(r, c);
-  else if (c.model_type == "gpt_neox")
-    parse_gpt_neox(r, c);
-  else
-    throw ConfigError(source + ": model_type '" + c.model_type + "' is not supported (supported: " +
-                      supported_model_types() + ")");
-  check_sizes(r, c);
+  const Architecture& arch = architecture(c);
+  switch (arch.family) {
+    case ArchFamily::GPT2: parse_gpt2(r, c); break;
+    case ArchFamily::GPTNeoX: parse_gpt_neox(r, arch, c); break;
+    case ArchFamily::Decoder: parse_decoder(r, arch, c); break;
+  }
+  check_sizes(r, arch, c);
   for (const char* field : {"attn_implementation", "_attn_implementation"}) {
     const std::string impl = r.string_or(field, "eager");
     if (impl != "eager" && impl != "sdpa" && impl != "flash_attention_2")
@@ -425,7 +235,7 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
 
   if (!c.hidden_act.empty() && c.hidden_act != "gelu_new" && c.hidden_act != "gelu" && c.hidden_act != "silu" &&
       c.hidden_act != "swish" && c.hidden_act != "relu" && c.hidden_act != "gelu_pytorch_tanh")
-    r.fail(c.model_type == "gpt2" ? "activation_function" : "hidden_act",
+    r.fail(arch.defaults.act_field,
            "'" + c.hidden_act + "' is not supported (supported: gelu_new, gelu, gelu_pytorch_tanh, relu, silu)");
   c.bos_token_id = r.optional_int("bos_token_id");
   c.pad_token_id = r.optional_int("pad_token_id");
@@ -457,5 +267,56 @@ ModelConfig load_config(const std::string& dir_or_config_json) {
   if (j.is_discarded()) throw FileFormatError(p.string() + ": not valid JSON");
   return parse_config(j, p.string());
 }
+
+namespace detail {
+
+int64_t window_or(const ConfigReader& r, int64_t dflt) {
+  auto it = r.j.find("sliding_window");
+  if (it == r.j.end()) return dflt;
+  if (it->is_null()) return 0;
+  int64_t w = r.integer(*it, "sliding_window");
+  if (w <= 0) r.fail("sliding_window", "must be positive or null, got " + std::to_string(w));
+  return w;
+}
+
+double soft_cap_or(const ConfigReader& r, const char* field, double dflt) {
+  auto it = r.j.find(field);
+  if (it == r.j.end()) return dflt;
+  if (it->is_null()) return 0.0;
+  const double v = r.number_or(field, dflt);
+  if (!(v > 0)) r.fail(field, "must be positive or null");
+  return v;
+}
+
+void read_experts(const ConfigReader& r, ModelConfig& c, const ExpertFields& f) {
+  c.num_experts = r.int_or(f.count_field, f.count);
+  c.num_experts_per_tok = r.int_or("num_experts_per_tok", f.per_token);
+  if (c.num_experts <= 0) r.fail(f.count_field, "must be positive, got " + std::to_string(c.num_experts));
+  if (c.num_experts > (int64_t{1} << 16))
+    r.fail(f.count_field, "is " + std::to_string(c.num_experts) + ", beyond what any model needs (at most 65536)");
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+    r.fail("num_experts_per_tok", "must be between 1 and " + std::string(f.count_field) + " (" +
+                                      std::to_string(c.num_experts) + "), got " + std::to_string(c.num_experts_per_tok));
+  if (f.uniform) {
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    return;
+  }
+  c.moe_intermediate_size = r.int_or("moe_intermediate_size", 1408);
+  c.shared_expert_intermediate_size = r.int_or("shared_expert_intermediate_size", 5632);
+  c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  c.decoder_sparse_step = r.int_or("decoder_sparse_step", 1);
+  if (c.moe_intermediate_size <= 0) r.fail("moe_intermediate_size", "must be positive");
+  if (c.moe_intermediate_size > (int64_t{1} << 24)) r.fail("moe_intermediate_size", "is beyond what any model needs");
+  if (c.shared_expert_intermediate_size < 0 || c.shared_expert_intermediate_size > (int64_t{1} << 24))
+    r.fail("shared_expert_intermediate_size", "must be between 0 and 2^24");
+  if (c.decoder_sparse_step <= 0) r.fail("decoder_sparse_step", "must be positive");
+  if (const json* m = r.find("mlp_only_layers")) {
+    if (!m->is_array()) r.fail("mlp_only_layers", "must be a list of layer indices, got " + m->dump());
+    for (const auto& x : *m) c.mlp_only_layers.push_back(r.integer(x, "mlp_only_layers"));
+  }
+}
+
+}  // namespace detail
 
 }  // namespace flex

@@ -5,7 +5,9 @@
 #include <flex/quant/quantize_model.h>
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
+#include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/decoder.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/dispatch/checkpoint.h>
 
@@ -54,20 +56,11 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
   tied_ = skeleton_->tied_parameters();
   base_ = skeleton_->base_model_prefix();
   base_module_ = skeleton_->base_model();
-  std::string embed, rotary;
-  if (cfg.model_type == "gpt2") {
-    embed = "wte", blocks_name_ = "h", norm_name_ = "ln_f", head_name_ = "lm_head";
-  } else if (const DecoderArch* arch = decoder_arch(cfg.model_type)) {
-    embed = "embed_tokens", blocks_name_ = "layers", norm_name_ = "norm", head_name_ = "lm_head";
-    if (arch->rope == DecoderArch::Rope::Model || arch->rope == DecoderArch::Rope::ModelWithIdleLayerCopies)
-      rotary = "rotary_emb";
-    if (arch->scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(cfg.hidden_size));
-  } else if (cfg.model_type == "gpt_neox") {
-    embed = "embed_in", blocks_name_ = "layers", norm_name_ = "final_layer_norm", head_name_ = "embed_out",
-    rotary = "rotary_emb";
-  } else {
-    throw UnsupportedError(cfg.source + ": no parallel build for model_type '" + cfg.model_type + "'");
-  }
+  // Every stage's name comes from the architecture's registry entry.
+  const Architecture& arch = architecture(cfg);
+  const StageNames& names = arch.names;
+  blocks_name_ = names.blocks, norm_name_ = names.norm, head_name_ = names.head;
+  if (arch.decoder && arch.decoder->scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(cfg.hidden_size));
 
   const Range mine = piece_range(cfg.num_hidden_layers, 1, mesh_.pp_rank(), pp);
   first_block_ = mine.start;
@@ -89,19 +82,17 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
       o.tensor_options = topts;
       embedding_ = std::make_shared<VocabParallelEmbedding>(cfg.vocab_size, cfg.hidden_size, mesh_.tp_group(), o);
     }
-    base_module_->replace_module(embed, embedding_);
-    owned_prefixes_.push_back(base_ + "." + embed + ".");
-    if (cfg.model_type == "gpt2") {
-      pos_embedding_ = base_module_->get_submodule("wpe");
-      emb_dropout_ = base_module_->get_submodule("drop");
-      owned_prefixes_.push_back(base_ + ".wpe.");
-    } else if (cfg.model_type == "gpt_neox") {
-      emb_dropout_ = base_module_->get_submodule("emb_dropout");
+    base_module_->replace_module(names.embed, embedding_);
+    owned_prefixes_.push_back(base_ + "." + names.embed + ".");
+    if (!names.pos_embed.empty()) {
+      pos_embedding_ = base_module_->get_submodule(names.pos_embed);
+      owned_prefixes_.push_back(base_ + "." + names.pos_embed + ".");
     }
+    if (!names.embed_dropout.empty()) emb_dropout_ = base_module_->get_submodule(names.embed_dropout);
   }
-  if (cfg.model_type == "gpt2") layout_->set_batchless(*base_module_->get_submodule("wpe"));
-  if (!rotary.empty()) {
-    rotary_ = base_module_->get_submodule(rotary);
+  if (!names.pos_embed.empty()) layout_->set_batchless(*base_module_->get_submodule(names.pos_embed));
+  if (!names.rotary.empty()) {
+    rotary_ = base_module_->get_submodule(names.rotary);
     layout_->set_batchless(*rotary_);
   }
   norm_ = base_module_->get_submodule(norm_name_);

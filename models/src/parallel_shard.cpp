@@ -4,6 +4,7 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/model_hook.h>
+#include <flex/models/architecture.h>
 #include <flex/models/gpt2.h>
 #include <flex/models/gpt_neox.h>
 #include <flex/models/decoder.h>
@@ -153,7 +154,9 @@ void ParallelCausalLM::shard_block(int64_t i) {
   const auto split = [](int64_t dim, int64_t unit = 1) { return ShardSpec::split(dim, unit); };
   EmptyInit scope;  // parameters stay on meta until load_slices
 
-  if (cfg.model_type == "gpt2") {
+  const Architecture& arch = architecture(cfg);
+  if (arch.family == ArchFamily::Decoder) return shard_decoder_block(*arch.decoder, i);
+  if (arch.family == ArchFamily::GPT2) {
     auto block = cast_block<GPT2Block>(blocks_[i], i);
     lc.hidden_size = hl * d;  // GPT2Attention splits and reshapes by hidden_size
     auto attn = std::make_shared<GPT2Attention>(lc, i, topts);
@@ -176,9 +179,7 @@ void ParallelCausalLM::shard_block(int64_t i) {
     declare(*mlp.act, output_only(split(-1)));
     declare(*mlp.c_proj, row(split(0), 1));
     row_parallel(*mlp.c_proj);
-  } else if (const DecoderArch* arch = decoder_arch(cfg.model_type)) {
-    shard_decoder_block(*arch, i);
-  } else if (cfg.model_type == "gpt_neox") {
+  } else {  // ArchFamily::GPTNeoX
     auto block = cast_block<GPTNeoXLayer>(blocks_[i], i);
     auto attn = std::make_shared<GPTNeoXAttention>(lc, i, topts);
     // Each head's [q k v] triple stays whole on one rank.

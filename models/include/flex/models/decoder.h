@@ -5,8 +5,9 @@
 // lists what one architecture does differently (where RoPE is computed,
 // fused projections, q/k norms, where the norms sit, embedding scale, ...),
 // and the config supplies the numbers (sliding window, soft-caps, biases).
-// Every architecture's DecoderArch is in decoder_archs.cpp, one short
-// function each: adding the next Llama-like model is a new entry there.
+// Every architecture's DecoderArch sits in its registry entry
+// (models/src/architectures.cpp): adding the next Llama-like model is one
+// entry there.
 // Mixture-of-experts members (Mixtral, Qwen2-MoE) replace the MLP of their
 // sparse layers with a SparseMoeBlock (flex/models/moe.h).
 //
@@ -90,9 +91,6 @@ struct DecoderArch {
     return n;
   }
 };
-
-/// The DecoderArch of a Llama-family model_type; nullptr for other types.
-const DecoderArch* decoder_arch(const std::string& model_type);
 
 /// Which heads an attention module holds: all of them in one process, a
 /// tensor-parallel rank's share otherwise. Query head q_first + i uses key/value

@@ -1,0 +1,281 @@
+// The architecture registry (flex/models/architecture.h): every model_type
+// flexmodel supports, one entry each. An entry says which family's code builds
+// it, its Hugging Face class names, its stage names, Transformers' config
+// defaults, and reads what only it has. For the Llama family, the DecoderArch
+// beside the entry lists what the architecture does differently from Llama
+// (Transformers 4.47; Qwen3 from 4.51); the numbers (window, soft-caps,
+// biases, head_dim) come from its config.
+#include "config_reader.h"
+
+#include <flex/models/architecture.h>
+#include <flex/models/decoder.h>
+
+namespace flex {
+
+namespace {
+
+using detail::ConfigReader;
+using Arch = DecoderArch;
+
+// ---- shared pieces -------------------------------------------------------
+
+/// An entry of the Llama family: classes <prefix>ForCausalLM and
+/// <prefix>DecoderLayer, stages under "model", a model-level rotary_emb where
+/// the forward calls one.
+Architecture decoder_entry(const std::string& model_type, const Arch& arch) {
+  Architecture a;
+  a.model_type = model_type;
+  a.family = ArchFamily::Decoder;
+  a.decoder = std::make_shared<const Arch>(arch);
+  a.causal_lm_class = arch.cls("ForCausalLM");
+  a.block_class = arch.cls("DecoderLayer");
+  a.names = {"model", "embed_tokens", "", "", "layers", "norm", "lm_head", "", "self_attn"};
+  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies) a.names.rotary = "rotary_emb";
+  return a;
+}
+
+/// q/k/v/o biases from attention_bias, false when absent.
+void read_attention_bias(const ConfigReader& r, ModelConfig& c) {
+  c.attention_bias = c.qkv_bias = r.bool_or("attention_bias", false);
+}
+
+/// No biases at all, whatever the config says (Mistral, Phi-3, Mixtral).
+void no_biases(ModelConfig& c) { c.attention_bias = c.qkv_bias = false; }
+
+/// Qwen2 and its relatives slide only under flash attention, in some layers.
+void refuse_qwen_sliding(const ConfigReader& r) {
+  if (r.bool_or("use_sliding_window", false))
+    r.fail("use_sliding_window", "true is not supported (Qwen2/Qwen3 slide only in layers >= max_window_layers, "
+                                 "and only under flash attention)");
+}
+
+// ---- GPT-2 and GPT-NeoX: their own families ------------------------------
+
+Architecture gpt2() {
+  Architecture a;
+  a.model_type = "gpt2";
+  a.family = ArchFamily::GPT2;
+  a.causal_lm_class = "GPT2LMHeadModel";
+  a.block_class = "GPT2Block";
+  a.names = {"transformer", "wte", "wpe", "drop", "h", "ln_f", "lm_head", "", "attn"};
+  a.defaults.act_field = "activation_function";
+  a.square_mask_buffer = true;
+  return a;
+}
+
+Architecture gpt_neox() {
+  Architecture a;
+  a.model_type = "gpt_neox";
+  a.family = ArchFamily::GPTNeoX;
+  a.causal_lm_class = "GPTNeoXForCausalLM";
+  a.block_class = "GPTNeoXLayer";
+  a.names = {"gpt_neox", "embed_in", "", "emb_dropout", "layers", "final_layer_norm", "embed_out", "rotary_emb",
+             "attention"};
+  a.square_mask_buffer = true;
+  return a;
+}
+
+// ---- the Llama family ------------------------------------------------------
+
+Architecture llama() {
+  Arch d;
+  d.prefix = "Llama";
+  Architecture a = decoder_entry("llama", d);
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    c.mlp_bias = r.bool_or("mlp_bias", false);
+    if (r.int_or("pretraining_tp", 1) != 1)
+      r.fail("pretraining_tp", "other than 1 is not supported (it only changes how HF splits matmuls)");
+  };
+  return a;
+}
+
+// Sliding-window attention (config.sliding_window); RoPE in each layer.
+Architecture mistral() {
+  Arch d;
+  d.prefix = "Mistral";
+  d.rope = Arch::Rope::PerLayer;
+  Architecture a = decoder_entry("mistral", d);
+  a.defaults.max_position_embeddings = 4096 * 32;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    no_biases(c);
+    c.sliding_window = detail::window_or(r, 4096);
+  };
+  return a;
+}
+
+// Llama with q/k/v biases (always) and none on o_proj.
+Architecture qwen2() {
+  Arch d;
+  d.prefix = "Qwen2";
+  Architecture a = decoder_entry("qwen2", d);
+  a.defaults.max_position_embeddings = 32768;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    c.qkv_bias = true, c.attention_bias = false;
+    refuse_qwen_sliding(r);
+  };
+  return a;
+}
+
+// Qwen2 with per-head q/k RMSNorms and no biases; no per-layer rotary modules.
+Architecture qwen3() {
+  Arch d;
+  d.prefix = "Qwen3";
+  d.rope = Arch::Rope::Model;
+  d.qk_norm = Arch::QKNorm::PerHead;
+  d.multiply_scale = true;
+  Architecture a = decoder_entry("qwen3", d);
+  a.defaults.max_position_embeddings = 32768;
+  a.defaults.head_dim = 128;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    refuse_qwen_sliding(r);
+  };
+  return a;
+}
+
+// Sandwich norms with (1 + w) scales, embeddings * sqrt(hidden), scores
+// scaled by query_pre_attn_scalar and soft-capped, sliding window on even
+// layers, final logits soft-capped (all numbers from the config).
+Architecture gemma2() {
+  Arch d;
+  d.prefix = "Gemma2";
+  d.rope = Arch::Rope::PerLayer;
+  d.norms = Arch::Norms::Sandwich;
+  d.norm_scale = RMSNorm::Scale::OnePlusWeight;
+  d.scale_embeddings = true;
+  d.multiply_scale = true;
+  Architecture a = decoder_entry("gemma2", d);
+  a.defaults.max_position_embeddings = 8192;
+  a.defaults.head_dim = 256;
+  a.defaults.tie_word_embeddings = true;
+  a.defaults.act_field = "hidden_activation";
+  a.defaults.act = "gelu_pytorch_tanh";
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    c.sliding_window = detail::window_or(r, 4096);
+    c.sliding_window_pattern = 2;
+    c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
+    if (!(c.query_pre_attn_scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
+    c.attn_logit_softcapping = detail::soft_cap_or(r, "attn_logit_softcapping", 50.0);
+    c.final_logit_softcapping = detail::soft_cap_or(r, "final_logit_softcapping", 30.0);
+  };
+  return a;
+}
+
+// Fused qkv_proj and gate_up_proj, residual dropouts, longrope scaling.
+Architecture phi3() {
+  Arch d;
+  d.prefix = "Phi3";
+  d.rope = Arch::Rope::PerLayer;
+  d.fused_qkv = true;
+  d.fused_gate_up = true;
+  d.residual_dropouts = true;
+  d.act_name = "activation_fn";
+  Architecture a = decoder_entry("phi3", d);
+  a.defaults.max_position_embeddings = 4096;
+  a.defaults.norm_eps = 1e-5;
+  a.longrope = true;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    if (r.find("head_dim")) r.fail("head_dim", "is not a Phi-3 field (Phi-3 uses hidden_size / heads)");
+    no_biases(c);
+    c.sliding_window = detail::window_or(r, 0);
+    if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
+      r.fail("partial_rotary_factor", "other than 1 is not supported for phi3");
+  };
+  return a;
+}
+
+// Norms after the sublayers (no pre-norms), q/k RMSNorms over the whole projections.
+Architecture olmo2() {
+  Arch d;
+  d.prefix = "Olmo2";
+  d.rope = Arch::Rope::PerLayer;
+  d.norms = Arch::Norms::Post;
+  d.qk_norm = Arch::QKNorm::Projection;
+  d.norm_scale = RMSNorm::Scale::WeightThenCast;
+  Architecture a = decoder_entry("olmo2", d);
+  a.defaults.norm_eps = 1e-5;
+  a.read_config = read_attention_bias;
+  return a;
+}
+
+// Mistral with a sparse MoE block (block_sparse_moe: experts w1 gate, w3 up,
+// w2 down, top-k weights renormalised) and rotary tables in each layer.
+Architecture mixtral() {
+  Arch d;
+  d.prefix = "Mixtral";
+  d.rope = Arch::Rope::PerLayerTables;
+  d.moe_block = "block_sparse_moe";
+  d.expert.cls = "MixtralBlockSparseTop2MLP";
+  d.expert.gate = "w1", d.expert.up = "w3", d.expert.down = "w2";
+  d.expert.down_before_up = true;
+  Architecture a = decoder_entry("mixtral", d);
+  a.defaults.max_position_embeddings = 4096 * 32;
+  a.defaults.norm_eps = 1e-5;
+  a.defaults.rope_theta = 1e6;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    no_biases(c);
+    c.sliding_window = detail::window_or(r, 0);
+    detail::ExpertFields f;
+    f.count_field = "num_local_experts", f.count = 8, f.per_token = 2, f.uniform = true;
+    detail::read_experts(r, c, f);
+  };
+  return a;
+}
+
+// Qwen2 with a sparse MoE block (mlp) on the layers the config makes sparse:
+// Qwen2MoeMLP experts plus a shared expert gated by sigmoid(shared_expert_gate).
+Architecture qwen2_moe() {
+  Arch d;
+  d.prefix = "Qwen2Moe";
+  d.expert.cls = "Qwen2MoeMLP";
+  d.shared_expert = true;
+  Architecture a = decoder_entry("qwen2_moe", d);
+  a.defaults.max_position_embeddings = 32768;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    c.qkv_bias = true, c.attention_bias = false;
+    refuse_qwen_sliding(r);
+    detail::read_experts(r, c, detail::ExpertFields{});
+  };
+  return a;
+}
+
+}  // namespace
+
+const std::vector<Architecture>& architectures() {
+  static const std::vector<Architecture> all = {gpt2(),  llama(), gpt_neox(), mistral(), qwen2(),    qwen3(),
+                                                gemma2(), phi3(), olmo2(),    mixtral(), qwen2_moe()};
+  return all;
+}
+
+const Architecture* find_architecture(const std::string& model_type) {
+  for (const auto& a : architectures())
+    if (a.model_type == model_type) return &a;
+  return nullptr;
+}
+
+const Architecture& architecture(const ModelConfig& cfg) {
+  if (const Architecture* a = find_architecture(cfg.model_type)) return *a;
+  throw ConfigError(cfg.source + ": model_type '" + cfg.model_type + "' is not supported (supported: " +
+                    supported_model_types() + ")");
+}
+
+std::string supported_model_types() {
+  std::string out;
+  for (const auto& a : architectures()) out += (out.empty() ? "" : ", ") + a.model_type;
+  return out;
+}
+
+std::string block_name(const Architecture& arch, int64_t i) {
+  return arch.names.base + "." + arch.names.blocks + "." + std::to_string(i);
+}
+std::string attention_name(const Architecture& arch, int64_t i) { return block_name(arch, i) + "." + arch.names.attention; }
+std::string final_norm_name(const Architecture& arch) { return arch.names.base + "." + arch.names.norm; }
+
+std::string ModelConfig::causal_lm_class() const {
+  const Architecture* a = find_architecture(model_type);
+  return a ? a->causal_lm_class : "";
+}
+
+}  // namespace flex
