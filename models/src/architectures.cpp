@@ -180,7 +180,7 @@ Architecture phi3() {
     if (r.find("head_dim")) r.fail("head_dim", "is not a Phi-3 field (Phi-3 uses hidden_size / heads)");
     no_biases(c);
     c.sliding_window = detail::window_or(r, 0);
-    if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
+    if (detail::rope_number(r, "partial_rotary_factor", 1.0) != 1.0)
       r.fail("partial_rotary_factor", "other than 1 is not supported for phi3");
   };
   return a;

@@ -50,10 +50,14 @@ void parse_longrope(const Reader& r, const Reader& sub, ModelConfig& c) {
   }
 }
 
+// rope_scaling (Transformers 4), or rope_parameters (Transformers 5: the same
+// fields beside rope_theta).
 void parse_rope_scaling(const Reader& r, const Architecture& arch, ModelConfig& c) {
-  const json* rs = r.find("rope_scaling");
+  const char* where = "rope_scaling";
+  const json* rs = r.find(where);
+  if (!rs) rs = r.find(where = "rope_parameters");
   if (!rs) return;
-  if (!rs->is_object()) r.fail("rope_scaling", "must be an object or null, got " + rs->dump());
+  if (!rs->is_object()) r.fail(where, "must be an object or null, got " + rs->dump());
   Reader sub{*rs, r.source, r.type};
   std::string kind = sub.string_or("rope_type", sub.string_or("type", "default"));
   RopeScaling& s = c.rope_scaling;
@@ -129,7 +133,7 @@ void parse_decoder(const Reader& r, const Architecture& arch, ModelConfig& c) {
   const std::string act_field = d.act_field;
   c.hidden_act = r.string_or(act_field, act_field != "hidden_act" ? r.string_or("hidden_act", d.act) : d.act);
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", d.tie_word_embeddings);
-  c.rope_theta = r.number_or("rope_theta", d.rope_theta);
+  c.rope_theta = detail::rope_number(r, "rope_theta", d.rope_theta);
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   if (arch.read_config) arch.read_config(r, c);
   parse_rope_scaling(r, arch, c);
@@ -150,9 +154,9 @@ void parse_gpt_neox(const Reader& r, const Architecture& arch, ModelConfig& c) {
   c.norm_eps = r.number_or("layer_norm_eps", 1e-5);
   c.hidden_act = r.string_or("hidden_act", "gelu");
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", false);
-  c.rotary_pct = r.number_or("rotary_pct", r.number_or("partial_rotary_factor", 0.25));
+  c.rotary_pct = detail::rope_number(r, "partial_rotary_factor", 0.25, {"rotary_pct"});
   if (!(c.rotary_pct > 0.0 && c.rotary_pct <= 1.0)) r.fail("rotary_pct", "must be in (0, 1]");
-  c.rope_theta = r.number_or("rope_theta", r.number_or("rotary_emb_base", 10000.0));
+  c.rope_theta = detail::rope_number(r, "rope_theta", 10000.0, {"rotary_emb_base"});
   c.use_parallel_residual = r.bool_or("use_parallel_residual", true);
   c.attention_bias = r.bool_or("attention_bias", true);
   parse_rope_scaling(r, arch, c);
@@ -246,7 +250,7 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
       c.eos_token_ids.push_back(r.integer(*e, "eos_token_id"));
     }
   }
-  c.torch_dtype = r.string_or("torch_dtype", "");
+  c.torch_dtype = r.string_or("torch_dtype", r.string_or("dtype", ""));  // "dtype" in Transformers 5
   return c;
 }
 }  // namespace
@@ -269,6 +273,21 @@ ModelConfig load_config(const std::string& dir_or_config_json) {
 }
 
 namespace detail {
+
+double rope_number(const ConfigReader& r, const std::string& field, double dflt, const std::vector<std::string>& legacy) {
+  if (const json* p = r.find("rope_parameters"); p && p->is_object()) {
+    const ConfigReader sub{*p, r.source, r.type};
+    if (sub.find(field)) {
+      const json& v = *sub.find(field);
+      if (!v.is_number()) r.fail("rope_parameters." + field, "must be a number, got " + v.dump());
+      return v.get<double>();
+    }
+  }
+  if (r.find(field)) return r.number_or(field, dflt);
+  for (const auto& name : legacy)
+    if (r.find(name)) return r.number_or(name, dflt);
+  return dflt;
+}
 
 int64_t window_or(const ConfigReader& r, int64_t dflt) {
   auto it = r.j.find("sliding_window");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace flex::detail {
 
@@ -72,6 +73,13 @@ struct ConfigReader {
     return integer(*v, field);
   }
 };
+
+/// A RoPE setting: Transformers 5 writes rope_theta, the scaling fields and
+/// partial_rotary_factor inside "rope_parameters"; older configs at the top
+/// level (under `legacy` names too, e.g. GPT-NeoX's rotary_emb_base). The
+/// first present wins: rope_parameters.<field>, <field>, each legacy name.
+double rope_number(const ConfigReader& r, const std::string& field, double dflt,
+                   const std::vector<std::string>& legacy = {});
 
 /// A sliding window: absent takes `dflt`, null means none.
 int64_t window_or(const ConfigReader& r, int64_t dflt);

@@ -65,6 +65,54 @@ TEST(Config, ParsesEachArchitecture) {
   EXPECT_EQ(n.hidden_act, "gelu");
 }
 
+// Transformers 5 writes rope_theta, the rope scaling and partial_rotary_factor
+// inside "rope_parameters", and torch_dtype as "dtype" (the forms below are
+// what LlamaConfig / GPTNeoXConfig / MixtralConfig(...).to_dict() give in
+// 5.23). They must parse to what the Transformers 4 forms give.
+TEST(Config, ReadsTransformers5RopeParameters) {
+  const nlohmann::json sizes = {{"vocab_size", 32}, {"hidden_size", 16}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 2}, {"intermediate_size", 32}, {"max_position_embeddings", 128}};
+  nlohmann::json v4 = sizes, v5 = sizes;
+  v4.update({{"model_type", "llama"}, {"rope_theta", 500000.0}, {"torch_dtype", "bfloat16"},
+             {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}}}});
+  v5.update({{"model_type", "llama"}, {"dtype", "bfloat16"},
+             {"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64},
+                                  {"rope_theta", 500000.0}}}});
+  for (const auto& j : {v4, v5}) {
+    const ModelConfig c = parse_config(j, "llama/config.json");
+    EXPECT_EQ(c.rope_theta, 500000.0);
+    EXPECT_EQ(c.rope_scaling.rope_type, "llama3");
+    EXPECT_EQ(c.rope_scaling.factor, 8.0);
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);
+    EXPECT_EQ(c.torch_dtype, "bfloat16");
+  }
+  // Mixtral's default theta is 1e6; a v5 config states it.
+  nlohmann::json mixtral = sizes;
+  mixtral.update({{"model_type", "mixtral"}, {"rope_parameters", {{"rope_theta", 250000.0}, {"rope_type", "default"}}}});
+  const ModelConfig m = parse_config(mixtral, "mixtral/config.json");
+  EXPECT_EQ(m.rope_theta, 250000.0);
+  EXPECT_EQ(m.rope_scaling.rope_type, "default");
+  // GPT-NeoX: rotary_pct and rotary_emb_base became partial_rotary_factor and rope_theta.
+  nlohmann::json neox = sizes;
+  neox.update({{"model_type", "gpt_neox"},
+               {"rope_parameters", {{"rope_theta", 20000.0}, {"partial_rotary_factor", 0.5}, {"rope_type", "default"}}}});
+  const ModelConfig n = parse_config(neox, "neox/config.json");
+  EXPECT_EQ(n.rotary_pct, 0.5);
+  EXPECT_EQ(n.rope_theta, 20000.0);
+  nlohmann::json neox4 = sizes;
+  neox4.update({{"model_type", "gpt_neox"}, {"rotary_pct", 0.5}, {"rotary_emb_base", 20000.0}});
+  const ModelConfig n4 = parse_config(neox4, "neox/config.json");
+  EXPECT_EQ(n4.rotary_pct, 0.5);
+  EXPECT_EQ(n4.rope_theta, 20000.0);
+  // A bad value names the field where it is.
+  nlohmann::json bad = v5;
+  bad["rope_parameters"]["rope_theta"] = "fast";
+  const std::string msg = error_of<ConfigError>([&] { parse_config(bad, "bad/config.json"); });
+  EXPECT_TRUE(mentions(msg, "bad/config.json") && mentions(msg, "rope_parameters.rope_theta")) << msg;
+}
+
 TEST(Config, ErrorsNameTheFileAndTheField) {
   flex_test::TempDir dir;
   const std::string path = dir.str("config.json");

@@ -1,0 +1,71 @@
+// Every architecture against Transformers 5.23 (tests/data/golden5, made by
+// scripts/golden/make_golden5.py): checkpoints written by 5.23's
+// save_pretrained (configs in the 5.x form, rope settings inside
+// "rope_parameters") load, and a left-padded batch gives 5.23's logits and
+// the same output from every block and the final norm, at every position the
+// attention mask keeps, within atol 1e-5 / rtol 1e-4 (fp32).
+#include "golden_util.h"
+
+#include <map>
+
+#include "test_util.h"
+
+using namespace flex;
+using models_test::close;
+
+namespace {
+
+std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }
+
+std::vector<std::string> case_names() {
+  std::vector<std::string> out;
+  const auto manifest = models_test::read_json(golden5("manifest.json"));
+  for (auto& [name, info] : manifest["cases"].items()) out.push_back(name);
+  return out;
+}
+
+/// Rows [B * T, ...] of `t` [B, T, ...] where `mask` [B, T] is 1.
+at::Tensor kept(const at::Tensor& t, const at::Tensor& mask) {
+  const at::Tensor rows = mask.flatten().nonzero().squeeze(1);
+  return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows);
+}
+
+class Golden5 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Golden5, LogitsAndBlocksMatchTransformers5) {
+  const std::string name = GetParam();
+  const auto manifest = models_test::read_json(golden5("manifest.json"));
+  ASSERT_EQ(manifest["transformers"], "5.23.0");
+  auto gt = SafetensorsFile::open(golden5(name + ".golden.safetensors"));
+  auto model = load_pretrained(golden5(name), at::kFloat);
+  EXPECT_EQ(model->class_name(), manifest["cases"][name]["class"].get<std::string>());
+
+  std::map<std::string, at::Tensor> outputs;
+  std::vector<HookHandle> handles;
+  for (const auto& m : manifest["cases"][name]["captured"]) {
+    const std::string n = m;
+    handles.push_back(model->get_submodule(n)->register_forward_hook([&outputs, n](Module&, const Inputs&, Value& out) {
+      outputs[n] = out.isTensor() ? out.toTensor() : out.toTupleRef().elements()[0].toTensor();
+    }));
+  }
+  const at::Tensor mask = gt->get("attention_mask");
+  LMOutput out;
+  {
+    at::NoGradGuard g;
+    LMInputs in;
+    in.input_ids = gt->get("input_ids");
+    in.attention_mask = mask;
+    out = model->run(in);
+  }
+  EXPECT_TRUE(close(kept(out.logits, mask), kept(gt->get("logits"), mask), name + " logits"));
+  for (const auto& m : manifest["cases"][name]["captured"]) {
+    const std::string n = m;
+    ASSERT_TRUE(outputs.count(n)) << n << " was not called";
+    EXPECT_TRUE(close(kept(outputs[n], mask), kept(gt->get("out." + n), mask), name + " " + n));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers5, Golden5, ::testing::ValuesIn(case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
