@@ -108,6 +108,23 @@ void parse_gpt2(const Reader& r, ModelConfig& c) {
   c.head_dim = c.hidden_size / c.num_attention_heads;
 }
 
+// layer_types (Transformers 5): which layers attend through the sliding
+// window. Where given it overrides the architecture's pattern.
+void parse_layer_types(const Reader& r, ModelConfig& c) {
+  const json* lt = r.find("layer_types");
+  if (!lt) return;
+  if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_hidden_layers)
+    r.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) +
+                              ") layer types, got " + lt->dump());
+  c.sliding_layers.clear();
+  for (const auto& t : *lt) {
+    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+    if (type != "sliding_attention" && type != "full_attention")
+      r.fail("layer_types", "has '" + type + "'; supported: sliding_attention, full_attention");
+    c.sliding_layers.push_back(type == "sliding_attention");
+  }
+}
+
 // The Llama family: the same field names, Transformers' defaults from the
 // registry entry, then what only the architecture reads (its read_config).
 void parse_decoder(const Reader& r, const Architecture& arch, ModelConfig& c) {
@@ -136,6 +153,7 @@ void parse_decoder(const Reader& r, const Architecture& arch, ModelConfig& c) {
   c.rope_theta = detail::rope_number(r, "rope_theta", d.rope_theta);
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   if (arch.read_config) arch.read_config(r, c);
+  parse_layer_types(r, c);
   parse_rope_scaling(r, arch, c);
 }
 

@@ -57,6 +57,9 @@ def cases():
     yield "qwen2_moe", T.Qwen2MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                         shared_expert_intermediate_size=24, decoder_sparse_step=1,
                                         mlp_only_layers=[1], norm_topk_prob=False)
+    # layer_types overriding Gemma 2's every-other-layer pattern.
+    yield "gemma2_layer_types", T.Gemma2Config(**SMALL, head_dim=8, sliding_window=5, query_pre_attn_scalar=24,
+                                               layer_types=["full_attention", "sliding_attention", "sliding_attention"])
 
 
 def batch():

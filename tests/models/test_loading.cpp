@@ -113,6 +113,27 @@ TEST(Config, ReadsTransformers5RopeParameters) {
   EXPECT_TRUE(mentions(msg, "bad/config.json") && mentions(msg, "rope_parameters.rope_theta")) << msg;
 }
 
+// layer_types (Transformers 5) says which layers slide, over the pattern.
+TEST(Config, LayerTypesChooseTheSlidingLayers) {
+  nlohmann::json j = {{"model_type", "gemma2"}, {"vocab_size", 32}, {"hidden_size", 16}, {"num_hidden_layers", 3},
+                      {"num_attention_heads", 2}, {"intermediate_size", 32}, {"sliding_window", 4}};
+  const ModelConfig pattern = parse_config(j, "gemma2/config.json");
+  EXPECT_TRUE(pattern.layer_slides(0));
+  EXPECT_FALSE(pattern.layer_slides(1));
+  EXPECT_TRUE(pattern.layer_slides(2));
+  j["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+  const ModelConfig typed = parse_config(j, "gemma2/config.json");
+  EXPECT_FALSE(typed.layer_slides(0));
+  EXPECT_TRUE(typed.layer_slides(1));
+  EXPECT_TRUE(typed.layer_slides(2));
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  std::string msg = error_of<ConfigError>([&] { parse_config(j, "gemma2/config.json"); });
+  EXPECT_TRUE(mentions(msg, "'layer_types'") && mentions(msg, "num_hidden_layers (3)")) << msg;
+  j["layer_types"] = {"full_attention", "chunked_attention", "full_attention"};
+  msg = error_of<ConfigError>([&] { parse_config(j, "gemma2/config.json"); });
+  EXPECT_TRUE(mentions(msg, "'layer_types'") && mentions(msg, "chunked_attention")) << msg;
+}
+
 TEST(Config, ErrorsNameTheFileAndTheField) {
   flex_test::TempDir dir;
   const std::string path = dir.str("config.json");

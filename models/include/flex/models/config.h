@@ -62,7 +62,8 @@ struct ModelConfig {
 
   // Attention variants of the Llama family (0 = off).
   int64_t sliding_window = 0;         // a query sees itself and the window - 1 keys before it
-  int64_t sliding_window_pattern = 1; // layer i slides iff i % pattern == 0 (Gemma 2: 2)
+  int64_t sliding_window_pattern = 1; // layer i slides iff i % pattern == 0 (Gemma 2: 2) ...
+  std::vector<bool> sliding_layers;   // ... unless layer_types (Transformers 5) says per layer
   double query_pre_attn_scalar = 0;   // Gemma 2: scores * scalar^-0.5 (0: head_dim)
   double attn_logit_softcapping = 0;  // Gemma 2: tanh(s / cap) * cap on the scores
   double final_logit_softcapping = 0; // Gemma 2: the same on the logits
@@ -86,7 +87,9 @@ struct ModelConfig {
   std::string causal_lm_class() const;
   /// Whether layer `layer` attends through the sliding window.
   bool layer_slides(int64_t layer) const {
-    return sliding_window > 0 && layer % sliding_window_pattern == 0;
+    if (sliding_window <= 0) return false;
+    if (!sliding_layers.empty()) return sliding_layers[static_cast<size_t>(layer)];
+    return layer % sliding_window_pattern == 0;
   }
   /// Whether layer `layer` has a sparse mixture-of-experts block instead of a dense MLP.
   bool layer_is_sparse(int64_t layer) const;
