@@ -122,6 +122,46 @@ std::vector<std::pair<std::string, std::string>> read_index(const std::string& p
 
 }  // namespace
 
+struct Checkpoint::View {
+  Checkpoint stored;
+  std::map<std::string, std::string> plain;  // model name -> stored key
+  std::map<std::string, CheckpointView::Computed> computed;
+  std::map<std::string, std::vector<std::string>> per_file;  // shard -> model names, in file order
+
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    for (const auto& kv : plain) out.push_back(kv.first);
+    for (const auto& kv : computed) out.push_back(kv.first);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::vector<std::string> keys_in(const std::string& file) const {
+    auto it = per_file.find(file);
+    if (it != per_file.end()) return it->second;
+    stored.keys_in(file);  // throws for a file that is not a shard
+    return {};
+  }
+  const std::string& first_source(const std::string& key) const {
+    if (auto p = plain.find(key); p != plain.end()) return p->second;
+    if (auto c = computed.find(key); c != computed.end()) return c->second.sources.front();
+    std::vector<std::string> all = keys();
+    std::string msg = "tensor '" + key + "' is not in checkpoint " + stored.source();
+    auto close = closest_names(key, all);
+    if (!close.empty()) {
+      msg += "; closest names:";
+      for (const auto& n : close) msg += " '" + n + "'";
+    }
+    throw NotFoundError(msg);
+  }
+  at::Tensor get(const std::string& key) const {
+    auto c = computed.find(key);
+    if (c == computed.end()) return stored.get(first_source(key));
+    std::vector<at::Tensor> in;
+    for (const auto& src : c->second.sources) in.push_back(stored.get(src));
+    return c->second.compute(in);
+  }
+};
+
 Checkpoint Checkpoint::open(const std::string& path_in) {
   fs::path path = fs::absolute(path_in).lexically_normal();
   // error_code overloads: a path the OS refuses (too long, no permission)
@@ -190,12 +230,14 @@ const std::vector<std::string>& Checkpoint::files() const { return impl_->files;
 const std::string& Checkpoint::source() const { return impl_->source; }
 
 std::vector<std::string> Checkpoint::keys() const {
+  if (view_) return view_->keys();
   std::vector<std::string> out;
   for (const auto& kv : impl_->key_file) out.push_back(kv.first);
   return out;
 }
 
 std::vector<std::string> Checkpoint::keys_in(const std::string& file) const {
+  if (view_) return view_->keys_in(file);
   auto it = std::find(impl_->files.begin(), impl_->files.end(), file);
   if (it == impl_->files.end()) {
     std::string f = fs::absolute(file).lexically_normal().string();
@@ -213,17 +255,28 @@ std::vector<std::string> Checkpoint::keys_in(const std::string& file) const {
   return out;
 }
 
-bool Checkpoint::contains(const std::string& key) const { return impl_->key_file.count(key) > 0; }
+bool Checkpoint::contains(const std::string& key) const {
+  if (view_) return view_->plain.count(key) || view_->computed.count(key);
+  return impl_->key_file.count(key) > 0;
+}
 
-std::string Checkpoint::file_of(const std::string& key) const { return impl_->shard_of(key).path; }
+std::string Checkpoint::file_of(const std::string& key) const {
+  if (view_) return view_->stored.file_of(view_->first_source(key));
+  return impl_->shard_of(key).path;
+}
 
 at::Tensor Checkpoint::get(const std::string& key) const {
+  if (view_) return view_->get(key);
   const auto& s = impl_->shard_of(key);
   if (s.st) return s.st->get(key);
   return impl_->bin_tensor(s, key);
 }
 
 at::ScalarType Checkpoint::dtype(const std::string& key) const {
+  if (view_) {
+    if (auto c = view_->computed.find(key); c != view_->computed.end()) return c->second.dtype;
+    return view_->stored.dtype(view_->first_source(key));
+  }
   const auto& s = impl_->shard_of(key);
   if (s.st) {
     const TensorInfo& i = s.st->info(key);
@@ -234,6 +287,10 @@ at::ScalarType Checkpoint::dtype(const std::string& key) const {
 }
 
 std::vector<int64_t> Checkpoint::shape(const std::string& key) const {
+  if (view_) {
+    if (auto c = view_->computed.find(key); c != view_->computed.end()) return c->second.shape;
+    return view_->stored.shape(view_->first_source(key));
+  }
   const auto& s = impl_->shard_of(key);
   if (s.st) return s.st->info(key).shape;
   return impl_->bin_tensor(s, key).sizes().vec();
@@ -244,6 +301,70 @@ bool Checkpoint::is_safetensors() const {
     if (!s.st) return false;
   return true;
 }
+
+// ---------------------------------------------------------------------------
+// A view: the model's names over the stored ones
+
+Checkpoint Checkpoint::with_view(const CheckpointView& view) const {
+  auto v = std::make_shared<View>();
+  v->stored = view_ ? view_->stored : *this;
+  const Checkpoint& st = v->stored;
+  std::map<std::string, const CheckpointView::Computed*> by_first_source;
+  std::set<std::string> consumed;
+  for (const auto& c : view.computed) {
+    if (c.sources.empty()) throw FileFormatError("checkpoint " + st.source() + ": computed '" + c.name + "' has no source");
+    for (const auto& src : c.sources) {
+      if (!st.contains(src))
+        throw FileFormatError("checkpoint " + st.source() + " lacks '" + src + "', needed for '" + c.name + "'");
+      consumed.insert(src);
+    }
+    by_first_source[c.sources.front()] = &c;
+  }
+  auto claim = [&](const std::string& name, const std::string& from) {
+    if (v->plain.count(name) || v->computed.count(name))
+      throw FileFormatError("checkpoint " + st.source() + ": two tensors give the model's '" + name + "' (one is '" +
+                            from + "')");
+  };
+  for (const auto& file : st.files()) {
+    auto& names = v->per_file[file];
+    for (const auto& key : st.keys_in(file)) {
+      if (auto c = by_first_source.find(key); c != by_first_source.end()) {
+        claim(c->second->name, key);
+        v->computed.emplace(c->second->name, *c->second);
+        names.push_back(c->second->name);
+        continue;
+      }
+      if (consumed.count(key)) continue;
+      bool drop = false;
+      for (const auto& d : view.dropped) drop = drop || key.rfind(d, 0) == 0;
+      if (drop) continue;
+      std::string name = key;
+      for (const auto& [from, to] : view.renames)
+        if (key.rfind(from, 0) == 0) {
+          name = to + key.substr(from.size());
+          break;
+        }
+      claim(name, key);
+      v->plain.emplace(name, key);
+      names.push_back(name);
+    }
+  }
+  Checkpoint c = *this;
+  c.view_ = v;
+  return c;
+}
+
+std::string Checkpoint::stored_name(const std::string& key) const {
+  if (!view_) {
+    file_of(key);  // throws the not-found message
+    return key;
+  }
+  if (view_->computed.count(key)) return "";
+  return view_->first_source(key);
+}
+
+bool Checkpoint::is_computed(const std::string& key) const { return view_ && view_->computed.count(key) > 0; }
+bool Checkpoint::has_computed() const { return view_ && !view_->computed.empty(); }
 
 std::vector<std::pair<std::string, at::Tensor>> load_state_dict(const std::string& checkpoint_file,
                                                                 const DeviceMap* device_map) {

@@ -20,8 +20,8 @@ const std::array<StDtype, 22> kSafetensorsDtypes = {{
     {"BOOL", 8, at::kBool},        {"F4", 4, at::ScalarType::Undefined},
     {"F6_E2M3", 6, at::ScalarType::Undefined}, {"F6_E3M2", 6, at::ScalarType::Undefined},
     {"U8", 8, at::kByte},          {"I8", 8, at::kChar},
-    {"F8_E5M2", 8, at::ScalarType::Undefined}, {"F8_E4M3", 8, at::ScalarType::Undefined},
-    {"F8_E8M0", 8, at::ScalarType::Undefined}, {"F8_E4M3FNUZ", 8, at::ScalarType::Undefined},
+    {"F8_E5M2", 8, at::kFloat8_e5m2}, {"F8_E4M3", 8, at::kFloat8_e4m3fn},
+    {"F8_E8M0", 8, at::kFloat8_e8m0fnu}, {"F8_E4M3FNUZ", 8, at::ScalarType::Undefined},
     {"F8_E5M2FNUZ", 8, at::ScalarType::Undefined},
     {"I16", 16, at::kShort},       {"U16", 16, at::ScalarType::Undefined},
     {"F16", 16, at::kHalf},        {"BF16", 16, at::kBFloat16},
@@ -59,7 +59,7 @@ at::ScalarType safetensors_to_scalar_type(const std::string& name, const std::st
   if (!d) throw FileFormatError(what + ": unknown safetensors dtype \"" + name + "\"");
   if (d->type == at::ScalarType::Undefined)
     throw UnsupportedError(what + ": safetensors dtype " + name +
-                           " is not supported (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
+                           " is not supported (supported: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 F8_E8M0 I64 I32 I16 I8 U8 BOOL)");
   return d->type;
 }
 

@@ -38,6 +38,7 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
   std::ostream& log = opt.log ? *opt.log : std::cerr;
   const auto tied = find_tied_parameters(model);
   Checkpoint ck = Checkpoint::open(checkpoint);
+  if (opt.view) ck = ck.with_view(*opt.view);
 
   bool has_disk = false;
   if (opt.device_map)
@@ -45,6 +46,9 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
   if (has_disk && !opt.offload_folder && !ck.is_safetensors())
     throw ConfigError("some modules are mapped to disk and " + checkpoint +
                       " is not a safetensors checkpoint: pass an offload_folder");
+  if (has_disk && !opt.offload_folder && ck.has_computed())
+    throw ConfigError("some modules are mapped to disk and " + checkpoint +
+                      " holds weights dequantized when loaded (they are not in the file): pass an offload_folder");
 
   std::map<std::string, at::Tensor> model_tensors;
   for (const auto& kv : state_dict(model)) model_tensors.emplace(kv.first, kv.second);
@@ -116,10 +120,10 @@ LoadCheckpointReport load_checkpoint_in_model(Module& model, const std::string& 
         if (owner->has_own_buffer(key.substr(dot == std::string::npos ? 0 : dot + 1))) dev = MapDevice::cpu();
       }
       if (dev->is_disk()) {
-        if (ck.is_safetensors()) {
+        if (ck.is_safetensors() && !ck.is_computed(key)) {
           OffloadEntry e;
           e.safetensors_file = fs::absolute(file).string();
-          e.weight_name = key;
+          e.weight_name = ck.stored_name(key);
           e.dtype = numpy_dtype_name(target, key);
           disk_index.set(key, e);
         } else {
@@ -204,6 +208,7 @@ LoadCheckpointReport load_checkpoint_and_dispatch(Module& model, const std::stri
   lo.offload_buffers = opt.offload_buffers;
   lo.log = opt.log;
   lo.transform = opt.transform;
+  lo.view = opt.view;
   LoadCheckpointReport report = load_checkpoint_in_model(model, checkpoint, lo);
   if (!map) return report;
   DispatchOptions d;

@@ -10,6 +10,8 @@
 #include <flex/models/architecture.h>
 #include <flex/models/decoder.h>
 
+#include <cmath>
+
 namespace flex {
 
 namespace {
@@ -241,11 +243,160 @@ Architecture qwen2_moe() {
   return a;
 }
 
+
+// ---- Transformers 5 architectures ------------------------------------------
+// (no 4.47 version exists: names, order and arithmetic are 5.23's)
+
+/// Default layer types where the config has no layer_types: sliding except
+/// every `period`-th layer (Gemma 3: 6, OLMo 3: 4).
+void default_layer_types(ModelConfig& c, int64_t period) {
+  c.sliding_layers.clear();
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.sliding_layers.push_back((i + 1) % period != 0);
+}
+
+// Gemma 2's sandwich norms and (1 + w) scales with per-head q/k norms, 5
+// local : 1 global layers (layer_types), RoPE per layer type (local base
+// rope_local_base_freq), embeddings scaled inside embed_tokens, soft-caps
+// only where the config asks.
+Architecture gemma3_text() {
+  Arch d;
+  d.prefix = "Gemma3";
+  d.rope = Arch::Rope::ModelPerLayerType;
+  d.norms = Arch::Norms::Sandwich;
+  d.qk_norm = Arch::QKNorm::PerHead;
+  d.norm_scale = RMSNorm::Scale::OnePlusWeight;
+  d.scale_embeddings = true;
+  d.scaled_embedding_class = "Gemma3TextScaledWordEmbedding";
+  d.multiply_scale = true;
+  Architecture a = decoder_entry("gemma3_text", d);
+  a.names.rotary = "rotary_emb";
+  a.defaults.max_position_embeddings = 131072;
+  a.defaults.head_dim = 256;
+  a.defaults.tie_word_embeddings = true;
+  a.defaults.act_field = "hidden_activation";
+  a.defaults.act = "gelu_pytorch_tanh";
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    if (r.bool_or("use_bidirectional_attention", false))
+      r.fail("use_bidirectional_attention", "true (EmbeddingGemma) is not supported: flexmodel runs causal LMs");
+    c.sliding_window = detail::window_or(r, 4096);
+    default_layer_types(c, r.int_or("sliding_window_pattern", 6));
+    c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
+    if (!(c.query_pre_attn_scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
+    c.attn_logit_softcapping = detail::soft_cap_or(r, "attn_logit_softcapping", 0.0);
+    c.final_logit_softcapping = detail::soft_cap_or(r, "final_logit_softcapping", 0.0);
+    detail::LayerTypeRope rope;
+    rope.full_theta = 1e6, rope.sliding_theta = 1e4, rope.sliding_theta_field = "rope_local_base_freq";
+    detail::read_layer_type_rope(r, c, rope);
+  };
+  return a;
+}
+
+// OLMo 2 with sliding windows on the layers layer_types names (default: all
+// but every 4th) and RoPE per layer type (legacy rope_scaling: full layers).
+Architecture olmo3() {
+  Arch d;
+  d.prefix = "Olmo3";
+  d.rope = Arch::Rope::ModelPerLayerType;
+  d.norms = Arch::Norms::Post;
+  d.qk_norm = Arch::QKNorm::Projection;
+  d.norm_scale = RMSNorm::Scale::WeightThenCast;
+  Architecture a = decoder_entry("olmo3", d);
+  a.names.rotary = "rotary_emb";
+  a.defaults.norm_eps = 1e-5;
+  a.defaults.rope_theta = 500000.0;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    c.sliding_window = detail::window_or(r, 4096);
+    default_layer_types(c, 4);
+    detail::LayerTypeRope rope;
+    rope.full_theta = rope.sliding_theta = 500000.0;  // a legacy rope_theta reaches the full layers only
+    detail::read_layer_type_rope(r, c, rope);
+  };
+  return a;
+}
+
+// Qwen3's attention with Qwen2-MoE's sparse block minus the shared expert:
+// 128 experts, top-8, norm_topk_prob, decoder_sparse_step, mlp_only_layers.
+Architecture qwen3_moe() {
+  Arch d;
+  d.prefix = "Qwen3Moe";
+  d.rope = Arch::Rope::Model;
+  d.qk_norm = Arch::QKNorm::PerHead;
+  d.multiply_scale = true;
+  d.expert.cls = "Qwen3MoeMLP";
+  Architecture a = decoder_entry("qwen3_moe", d);
+  a.defaults.max_position_embeddings = 32768;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    refuse_qwen_sliding(r);
+    detail::ExpertFields f;
+    f.count = 128, f.per_token = 8, f.moe_intermediate = 768, f.shared_expert = false;
+    detail::read_experts(r, c, f);
+  };
+  return a;
+}
+
+// Gemma 3's multimodal checkpoints (Gemma3ForConditionalGeneration), loaded
+// as their language model: gemma3_text read from text_config, the language
+// model's keys renamed (5.x: "model.language_model.", 4.x:
+// "language_model.model."), the vision tower and projector dropped.
+Architecture gemma3() {
+  Architecture a = gemma3_text();
+  a.model_type = "gemma3";
+  a.nested_config = "text_config";
+  a.checkpoint_renames = {{"model.language_model.", "model."},
+                          {"language_model.model.", "model."},
+                          {"language_model.lm_head.", "lm_head."}};
+  a.checkpoint_dropped = {"model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                          "multi_modal_projector."};
+  return a;
+}
+
+// Llama-shaped attention with biases, learned sinks and alternating sliding
+// (128) / full layers; YaRN RoPE; every layer's MLP is GptOssMLP (router with
+// bias, top-k then softmax, fused clamped-SwiGLU experts with biases).
+Architecture gpt_oss() {
+  Arch d;
+  d.prefix = "GptOss";
+  d.rope = Arch::Rope::Model;
+  d.norm_scale = RMSNorm::Scale::WeightThenCast;
+  d.moe = Arch::Moe::GptOss;
+  d.attention_sinks = true;
+  d.multiply_scale = true;
+  Architecture a = decoder_entry("gpt_oss", d);
+  a.defaults.max_position_embeddings = 131072;
+  a.defaults.norm_eps = 1e-5;
+  a.defaults.head_dim = 64;
+  a.defaults.rope_theta = 150000.0;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    c.attention_bias = c.qkv_bias = r.bool_or("attention_bias", true);
+    c.sliding_window = detail::window_or(r, 128);
+    default_layer_types(c, 2);
+    detail::ExpertFields f;
+    f.count_field = "num_local_experts", f.count = 128, f.per_token = 4, f.uniform = true;
+    detail::read_experts(r, c, f);
+    c.norm_topk_prob = false;  // the softmax runs over the chosen logits only
+    c.swiglu_alpha = r.number_or("swiglu_alpha", 1.702);
+    c.swiglu_limit = r.number_or("swiglu_limit", 7.0);
+    if (!(c.swiglu_limit > 0)) r.fail("swiglu_limit", "must be positive");
+    if (!r.find("rope_parameters") && !r.find("rope_scaling")) {
+      // Transformers' default: YaRN x32 over 4096 positions, bounds not rounded.
+      RopeScaling& s = c.rope_scaling;
+      s.rope_type = "yarn", s.factor = 32.0, s.beta_fast = 32.0, s.beta_slow = 1.0, s.truncate = false;
+      s.original_max_position_embeddings = 4096;
+      s.attention_factor = 0.1 * std::log(32.0) + 1.0;
+    }
+  };
+  return a;
+}
+
 }  // namespace
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all = {gpt2(),  llama(), gpt_neox(), mistral(), qwen2(),    qwen3(),
-                                                gemma2(), phi3(), olmo2(),    mixtral(), qwen2_moe()};
+                                                gemma2(), phi3(), olmo2(),    mixtral(), qwen2_moe(),
+                                                gemma3_text(), gemma3(), olmo3(), qwen3_moe(), gpt_oss()};
   return all;
 }
 

@@ -14,6 +14,18 @@ namespace {
 std::atomic<int64_t> attend_block_budget{int64_t{64} << 20};
 thread_local AttendTrace attend_trace;
 
+// gpt-oss: softmax over [scores, sink] with the row maximum subtracted first
+// (Transformers' order, in the scores' dtype), the sink column dropped.
+at::Tensor sink_softmax(at::Tensor scores, const at::Tensor& allowed, const at::Tensor& sinks) {
+  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), lowest_value(scores.scalar_type()));
+  const int64_t b = scores.size(0), h = scores.size(1), t = scores.size(2), s = scores.size(3);
+  const at::Tensor sink = sinks.to(scores.scalar_type()).reshape({1, h, 1, 1}).expand({b, h, t, 1});
+  at::Tensor all = at::cat({scores, sink}, -1);
+  scores = at::Tensor();
+  all = all - std::get<0>(all.max(-1, /*keepdim=*/true));
+  return at::softmax(all, -1).narrow(-1, 0, s);
+}
+
 // The probabilities [B, H, T, S] (T: the rows of q given), in v's dtype: the
 // eager arithmetic, shared by the eager and the chunked path.
 at::Tensor attention_probabilities(const at::Tensor& q, const at::Tensor& k, const at::Tensor& allowed,
@@ -24,6 +36,7 @@ at::Tensor attention_probabilities(const at::Tensor& q, const at::Tensor& k, con
   for (double d : o.divide)
     if (d != 1.0) scores = scores / d;
   if (o.softcap > 0) scores = at::tanh(scores / o.softcap) * o.softcap;
+  if (o.sinks.defined()) return sink_softmax(std::move(scores), allowed, o.sinks).to(out_dtype);
   // Moved: at most two score-sized tensors are alive at any step.
   return masked_softmax(std::move(scores), allowed, o.upcast_softmax).to(out_dtype);
 }
@@ -114,7 +127,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   // The fused kernel cannot soft-cap logits; it runs in q's dtype (flash and
   // memory-efficient kernels accumulate the softmax in float32 anyway).
-  if (opts.softcap <= 0 && !q.is_meta()) {
+  if (opts.softcap <= 0 && !opts.sinks.defined() && !q.is_meta()) {
     // is_causal aligns the diagonal top-left, so it stands for our mask only when T == S.
     const bool causal = q.size(2) == k.size(2) && is_plain_causal(allowed);
     return fused_attention(q, k, v, allowed, causal, opts.scale());

@@ -35,6 +35,10 @@ struct AttendOptions {
   double softcap = 0.0;         // > 0: logits = tanh(logits / softcap) * softcap (Gemma 2)
   bool upcast_scores = false;   // q k^T in float32 (GPT-2's reorder_and_upcast_attn)
   bool upcast_softmax = false;  // softmax in float32, probabilities cast back
+  // Learned attention sinks [H] (gpt-oss): one extra logit per head in every
+  // row's softmax, dropped afterwards, so a row's probabilities sum below 1.
+  // The fused kernel has no sinks: they run the eager / chunked arithmetic.
+  at::Tensor sinks;
   // Dropout on the probabilities: `dropout_module` when set (GPT-2's
   // attn_dropout, a module hooks can see), else at::dropout(dropout_p) when
   // `training`.

@@ -4,6 +4,7 @@
 #include <flex/hooks/shape_text.h>
 #include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/model_checkpoint.h>
 
 #include <ATen/ATen.h>
 
@@ -107,7 +108,7 @@ LoadReport load_weights(CausalLM& model, const std::string& checkpoint_path, con
 
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& opts) {
   ModelConfig cfg = load_config(dir);
-  Checkpoint ckpt = Checkpoint::open(dir);
+  Checkpoint ckpt = open_model_checkpoint(dir, cfg);
   const at::ScalarType dtype = resolve_dtype(cfg, ckpt, opts);
   const auto topts = at::TensorOptions().dtype(dtype).device(opts.device);
   std::shared_ptr<CausalLM> model;

@@ -19,8 +19,7 @@ using Reader = detail::ConfigReader;
 // Phi-3's longrope (older configs call it "su"): one divisor per rotary
 // frequency for short and for long contexts, and a cos/sin scale that
 // grows with the context extension.
-void parse_longrope(const Reader& r, const Reader& sub, ModelConfig& c) {
-  RopeScaling& s = c.rope_scaling;
+void parse_longrope(const Reader& r, const Reader& sub, const ModelConfig& c, RopeScaling& s) {
   s.rope_type = "longrope";
   s.original_max_position_embeddings =
       sub.int_or("original_max_position_embeddings", r.int_or("original_max_position_embeddings", 0));
@@ -50,6 +49,71 @@ void parse_longrope(const Reader& r, const Reader& sub, ModelConfig& c) {
   }
 }
 
+// YaRN's magnitude correction 0.1 * m * ln(factor) + 1 (1 when not extending).
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+// YaRN (gpt-oss, DeepSeek-V3, OLMo 3's full layers): the factor, the ramp's
+// beta_fast / beta_slow (0 or null: 32 and 1, as Transformers' `or`), and the
+// cos/sin attention factor, given or derived from mscale / mscale_all_dim.
+void parse_yarn(const Reader& r, const Reader& sub, const std::string& where, const ModelConfig& c, RopeScaling& s) {
+  s.original_max_position_embeddings = sub.int_or(
+      "original_max_position_embeddings", r.int_or("original_max_position_embeddings", c.max_position_embeddings));
+  if (s.original_max_position_embeddings <= 0) r.fail(where + ".original_max_position_embeddings", "must be positive");
+  const json* f = sub.find("factor");
+  s.factor = f ? sub.number_or("factor", 1.0)
+               : static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+  if (!(s.factor > 0)) r.fail(where + ".factor", "must be a positive number");
+  s.beta_fast = sub.number_or("beta_fast", 0.0);
+  s.beta_slow = sub.number_or("beta_slow", 0.0);
+  if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+  if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+  s.mscale = sub.number_or("mscale", 0.0);
+  s.mscale_all_dim = sub.number_or("mscale_all_dim", 0.0);
+  s.truncate = sub.bool_or("truncate", true);
+  if (const json* a = sub.find("attention_factor")) {
+    if (!a->is_number()) r.fail(where + ".attention_factor", "must be a number, got " + a->dump());
+    s.attention_factor = a->get<double>();
+  } else if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
+    s.attention_factor = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+  } else {
+    s.attention_factor = yarn_mscale(s.factor, 1.0);
+  }
+}
+
+// One RoPE scaling object (rope_scaling, rope_parameters, or one layer type's
+// entry of rope_parameters) into `s`; `where` names it in messages.
+void parse_rope_object(const Reader& r, const json& obj, const std::string& where, const Architecture& arch,
+                       const ModelConfig& c, RopeScaling& s) {
+  if (!obj.is_object()) r.fail(where, "must be an object or null, got " + obj.dump());
+  Reader sub{obj, r.source, r.type};
+  std::string kind = sub.string_or("rope_type", sub.string_or("type", "default"));
+  s.rope_type = kind;
+  if (kind == "default") return;
+  if (arch.longrope) {
+    if (kind != "longrope" && kind != "su")
+      r.fail(where + ".type", "'" + kind + "' is not supported for " + c.model_type + " (supported: longrope)");
+    return parse_longrope(r, sub, c, s);
+  }
+  if (kind == "yarn") return parse_yarn(r, sub, where, c, s);
+  if (kind != "linear" && kind != "dynamic" && kind != "llama3")
+    r.fail(where + ".rope_type", "'" + kind + "' is not supported (supported: default, linear, dynamic, llama3, yarn)");
+  const json* f = sub.find("factor");
+  if (!f) r.fail(where + ".factor", "is required for rope_type '" + kind + "' but missing");
+  if (!f->is_number() || f->get<double>() <= 0) r.fail(where + ".factor", "must be a positive number, got " + f->dump());
+  s.factor = f->get<double>();
+  if (kind == "llama3") {
+    for (const char* k : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      if (!sub.find(k)) r.fail(where + "." + k, "is required for rope_type 'llama3' but missing");
+    s.low_freq_factor = sub.number_or("low_freq_factor", 1.0);
+    s.high_freq_factor = sub.number_or("high_freq_factor", 4.0);
+    s.original_max_position_embeddings =
+        sub.integer(*sub.find("original_max_position_embeddings"), where + ".original_max_position_embeddings");
+    if (s.high_freq_factor == s.low_freq_factor) r.fail(where + ".high_freq_factor", "must differ from low_freq_factor");
+  } else {
+    s.original_max_position_embeddings = sub.int_or("original_max_position_embeddings", c.max_position_embeddings);
+  }
+}
+
 // rope_scaling (Transformers 4), or rope_parameters (Transformers 5: the same
 // fields beside rope_theta).
 void parse_rope_scaling(const Reader& r, const Architecture& arch, ModelConfig& c) {
@@ -57,36 +121,61 @@ void parse_rope_scaling(const Reader& r, const Architecture& arch, ModelConfig& 
   const json* rs = r.find(where);
   if (!rs) rs = r.find(where = "rope_parameters");
   if (!rs) return;
-  if (!rs->is_object()) r.fail(where, "must be an object or null, got " + rs->dump());
-  Reader sub{*rs, r.source, r.type};
-  std::string kind = sub.string_or("rope_type", sub.string_or("type", "default"));
-  RopeScaling& s = c.rope_scaling;
-  s.rope_type = kind;
-  if (kind == "default") return;
-  if (arch.longrope) {
-    if (kind != "longrope" && kind != "su")
-      r.fail("rope_scaling.type", "'" + kind + "' is not supported for " + c.model_type + " (supported: longrope)");
-    return parse_longrope(r, sub, c);
-  }
-  if (kind != "linear" && kind != "dynamic" && kind != "llama3")
-    r.fail("rope_scaling.rope_type", "'" + kind + "' is not supported (supported: default, linear, dynamic, llama3)");
-  const json* f = sub.find("factor");
-  if (!f) r.fail("rope_scaling.factor", "is required for rope_type '" + kind + "' but missing");
-  if (!f->is_number() || f->get<double>() <= 0) r.fail("rope_scaling.factor", "must be a positive number, got " + f->dump());
-  s.factor = f->get<double>();
-  if (kind == "llama3") {
-    for (const char* k : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-      if (!sub.find(k)) r.fail(std::string("rope_scaling.") + k, "is required for rope_type 'llama3' but missing");
-    s.low_freq_factor = sub.number_or("low_freq_factor", 1.0);
-    s.high_freq_factor = sub.number_or("high_freq_factor", 4.0);
-    s.original_max_position_embeddings = sub.integer(*sub.find("original_max_position_embeddings"),
-                                                     "rope_scaling.original_max_position_embeddings");
-    if (s.high_freq_factor == s.low_freq_factor)
-      r.fail("rope_scaling.high_freq_factor", "must differ from low_freq_factor");
-  } else {
-    s.original_max_position_embeddings = sub.int_or("original_max_position_embeddings", c.max_position_embeddings);
-  }
+  parse_rope_object(r, *rs, where, arch, c, c.rope_scaling);
 }
+
+bool is_layer_type_key(const std::string& k) { return k == "full_attention" || k == "sliding_attention"; }
+
+}  // namespace
+
+namespace detail {
+
+// RoPE per layer type (Gemma 3, OLMo 3). Transformers 5 writes
+// rope_parameters = {"full_attention": {...}, "sliding_attention": {...}};
+// older configs give the full layers' base and rope_scaling at the top level
+// and the sliding layers' base under its own name (Gemma 3's
+// rope_local_base_freq); legacy rope_scaling applies to full layers only.
+void read_layer_type_rope(const ConfigReader& r, ModelConfig& c, const LayerTypeRope& d) {
+  const Architecture& arch = architecture(c);
+  RopeSettings full{d.full_theta, {}}, sliding{d.sliding_theta, {}};
+  const json* rp = r.find("rope_parameters");
+  const json* legacy = r.find("rope_scaling");
+  if (rp) {
+    if (!rp->is_object()) r.fail("rope_parameters", "must be an object keyed by layer type, got " + rp->dump());
+    for (const auto& [k, v] : rp->items())
+      if (!is_layer_type_key(k))
+        r.fail("rope_parameters", "must be keyed by layer type (full_attention, sliding_attention) for " +
+                                      c.model_type + ", got key '" + k + "'");
+  }
+  auto read_type = [&](const char* type, RopeSettings& out, const std::string& legacy_theta_field) {
+    json merged = json::object();
+    if (rp && rp->contains(type) && !(*rp)[type].is_null()) merged = (*rp)[type];
+    if (!merged.is_object()) r.fail(std::string("rope_parameters.") + type, "must be an object, got " + merged.dump());
+    if (legacy && std::string(type) == "full_attention") {
+      if (!legacy->is_object()) r.fail("rope_scaling", "must be an object or null, got " + legacy->dump());
+      merged.update(*legacy);
+    }
+    const std::string where = rp ? std::string("rope_parameters.") + type : std::string("rope_scaling");
+    Reader sub{merged, r.source, r.type};
+    if (merged.contains("rope_theta"))
+      out.theta = sub.number_or("rope_theta", out.theta);
+    else if (r.find(legacy_theta_field))
+      out.theta = r.number_or(legacy_theta_field, out.theta);
+    if (!(out.theta > 0)) r.fail(where + ".rope_theta", "must be positive");
+    parse_rope_object(r, merged, where, arch, c, out.scaling);
+    if (out.scaling.rope_type == "dynamic" || out.scaling.rope_type == "longrope")
+      r.fail(where + ".rope_type", "'" + out.scaling.rope_type + "' is not supported per layer type");
+  };
+  read_type("full_attention", full, "rope_theta");
+  read_type("sliding_attention", sliding, d.sliding_theta_field);
+  c.rope_theta = full.theta;
+  c.rope_scaling = full.scaling;
+  c.sliding_rope = sliding;
+}
+
+}  // namespace detail
+
+namespace {
 
 void parse_gpt2(const Reader& r, ModelConfig& c) {
   c.vocab_size = r.required_int("vocab_size");
@@ -154,7 +243,7 @@ void parse_decoder(const Reader& r, const Architecture& arch, ModelConfig& c) {
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   if (arch.read_config) arch.read_config(r, c);
   parse_layer_types(r, c);
-  parse_rope_scaling(r, arch, c);
+  if (!c.sliding_rope) parse_rope_scaling(r, arch, c);  // else read per layer type by read_config
 }
 
 void parse_gpt_neox(const Reader& r, const Architecture& arch, ModelConfig& c) {
@@ -183,6 +272,12 @@ void parse_gpt_neox(const Reader& r, const Architecture& arch, ModelConfig& c) {
 }
 
 }  // namespace
+
+ModelConfig ModelConfig::with_sliding_rope() const {
+  ModelConfig c = *this;
+  if (sliding_rope) c.rope_theta = sliding_rope->theta, c.rope_scaling = sliding_rope->scaling;
+  return c;
+}
 
 int64_t ModelConfig::rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * rotary_pct); }
 
@@ -241,8 +336,19 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
   if (it == j.end() || !it->is_string())
     throw ConfigError(source + ": field 'model_type' is required but missing (supported: " + supported_model_types() + ")");
   c.model_type = it->get<std::string>();
-  Reader r{j, source, c.model_type};
   const Architecture& arch = architecture(c);
+  // A multimodal config keeps the language model's fields in a sub-object.
+  const json* body = &j;
+  if (!arch.nested_config.empty()) {
+    auto sub = j.find(arch.nested_config);
+    if (sub == j.end() || !sub->is_object())
+      throw ConfigError(source + ": field '" + arch.nested_config + "' (the language model's config) is required for " +
+                        "model_type '" + c.model_type + "'");
+    body = &*sub;
+  }
+  const std::string where = arch.nested_config.empty() ? source : source + " (" + arch.nested_config + ")";
+  Reader r{*body, where, c.model_type};
+  Reader top{j, source, c.model_type};
   switch (arch.family) {
     case ArchFamily::GPT2: parse_gpt2(r, c); break;
     case ArchFamily::GPTNeoX: parse_gpt_neox(r, arch, c); break;
@@ -259,16 +365,16 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
       c.hidden_act != "swish" && c.hidden_act != "relu" && c.hidden_act != "gelu_pytorch_tanh")
     r.fail(arch.defaults.act_field,
            "'" + c.hidden_act + "' is not supported (supported: gelu_new, gelu, gelu_pytorch_tanh, relu, silu)");
-  c.bos_token_id = r.optional_int("bos_token_id");
-  c.pad_token_id = r.optional_int("pad_token_id");
-  if (const json* e = r.find("eos_token_id")) {
+  c.bos_token_id = r.find("bos_token_id") ? r.optional_int("bos_token_id") : top.optional_int("bos_token_id");
+  c.pad_token_id = r.find("pad_token_id") ? r.optional_int("pad_token_id") : top.optional_int("pad_token_id");
+  if (const json* e = r.find("eos_token_id") ? r.find("eos_token_id") : top.find("eos_token_id")) {
     if (e->is_array()) {
       for (const auto& x : *e) c.eos_token_ids.push_back(r.integer(x, "eos_token_id"));
     } else {
       c.eos_token_ids.push_back(r.integer(*e, "eos_token_id"));
     }
   }
-  c.torch_dtype = r.string_or("torch_dtype", r.string_or("dtype", ""));  // "dtype" in Transformers 5
+  c.torch_dtype = r.string_or("torch_dtype", r.string_or("dtype", top.string_or("torch_dtype", top.string_or("dtype", ""))));  // "dtype" in Transformers 5
   return c;
 }
 }  // namespace
@@ -326,7 +432,10 @@ double soft_cap_or(const ConfigReader& r, const char* field, double dflt) {
 }
 
 void read_experts(const ConfigReader& r, ModelConfig& c, const ExpertFields& f) {
-  c.num_experts = r.int_or(f.count_field, f.count);
+  // Transformers 5 writes some types' count under the other name (Qwen3-MoE:
+  // num_local_experts, through its attribute_map); either is read.
+  const std::string other = std::string(f.count_field) == "num_experts" ? "num_local_experts" : "num_experts";
+  c.num_experts = r.int_or(f.count_field, r.int_or(other, f.count));
   c.num_experts_per_tok = r.int_or("num_experts_per_tok", f.per_token);
   if (c.num_experts <= 0) r.fail(f.count_field, "must be positive, got " + std::to_string(c.num_experts));
   if (c.num_experts > (int64_t{1} << 16))
@@ -339,8 +448,8 @@ void read_experts(const ConfigReader& r, ModelConfig& c, const ExpertFields& f) 
     c.norm_topk_prob = true;
     return;
   }
-  c.moe_intermediate_size = r.int_or("moe_intermediate_size", 1408);
-  c.shared_expert_intermediate_size = r.int_or("shared_expert_intermediate_size", 5632);
+  c.moe_intermediate_size = r.int_or("moe_intermediate_size", f.moe_intermediate);
+  c.shared_expert_intermediate_size = f.shared_expert ? r.int_or("shared_expert_intermediate_size", 5632) : 0;
   c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
   c.decoder_sparse_step = r.int_or("decoder_sparse_step", 1);
   if (c.moe_intermediate_size <= 0) r.fail("moe_intermediate_size", "must be positive");

@@ -91,11 +91,22 @@ double soft_cap_or(const ConfigReader& r, const char* field, double dflt);
 struct ExpertFields {
   const char* count_field = "num_experts";
   int64_t count = 60, per_token = 4;
+  int64_t moe_intermediate = 1408;  // moe_intermediate_size's default
+  bool shared_expert = true;        // a shared expert (shared_expert_intermediate_size, default 5632)
   /// Every expert is intermediate_size wide and the top-k weights always
   /// renormalised (Mixtral); otherwise moe_intermediate_size, a shared
   /// expert, norm_topk_prob, decoder_sparse_step and mlp_only_layers (Qwen2-MoE).
   bool uniform = false;
 };
 void read_experts(const ConfigReader& r, ModelConfig& c, const ExpertFields& f);
+
+/// Per-layer-type RoPE (Gemma 3, OLMo 3): Transformers' default bases and the
+/// legacy top-level field that holds the sliding layers' base.
+struct LayerTypeRope {
+  double full_theta = 10000.0, sliding_theta = 10000.0;
+  std::string sliding_theta_field;  // "rope_local_base_freq" (Gemma 3); OLMo 3: none
+};
+/// Fills rope_theta / rope_scaling (full layers) and sliding_rope.
+void read_layer_type_rope(const ConfigReader& r, ModelConfig& c, const LayerTypeRope& d);
 
 }  // namespace flex::detail

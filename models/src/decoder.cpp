@@ -7,6 +7,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/models/decoder.h>
+#include <flex/models/gpt_oss_moe.h>
 #include <flex/models/moe.h>
 
 #include <ATen/ATen.h>
@@ -79,7 +80,11 @@ DecoderAttention::DecoderAttention(const Arch& arch, const ModelConfig& cfg, int
     v_proj = add("v_proj", linear(c, kv * d, cfg.qkv_bias, opts));
     o_proj = add("o_proj", linear(h * d, c, cfg.attention_bias, opts));
   }
-  if (arch.rope != Arch::Rope::Model) rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.attention_sinks) {
+    add_parameter("sinks", sinks, at::zeros({h}, opts));
+  }
+  if (arch.rope != Arch::Rope::Model && arch.rope != Arch::Rope::ModelPerLayerType)
+    rotary_emb = add("rotary_emb", rotary(arch, cfg));
   if (arch.qk_norm != Arch::QKNorm::None) {
     const bool whole = arch.qk_norm == Arch::QKNorm::Projection;
     q_norm = add("q_norm", rms_norm(arch, cfg, whole ? h * d : d, opts));
@@ -171,6 +176,7 @@ Value DecoderAttention::forward(Inputs inputs) {
     ao.divide = {std::sqrt(static_cast<double>(d))};
   }
   ao.softcap = cfg_.attn_logit_softcapping;
+  if (sinks.defined()) ao.sinks = sinks;
   ao.upcast_softmax = true;
   ao.dropout_p = detail::raw_number(cfg_, "attention_dropout", 0.0);
   ao.training = is_training();
@@ -225,7 +231,9 @@ DecoderLayer::DecoderLayer(const Arch& arch, const ModelConfig& cfg, int64_t lay
     : Module(arch.cls("DecoderLayer")), arch_(arch) {
   const int64_t c = cfg.hidden_size;
   self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
-  if (cfg.layer_is_sparse(layer_idx))
+  if (cfg.layer_is_sparse(layer_idx) && arch.moe == Arch::Moe::GptOss)
+    other_moe = add(arch.moe_block, std::make_shared<GptOssMLP>(cfg, opts));
+  else if (cfg.layer_is_sparse(layer_idx))
     moe = add(arch.moe_block, std::make_shared<SparseMoeBlock>(arch, cfg, opts));
   else
     mlp = add("mlp", std::make_shared<DecoderMLP>(arch, cfg, opts));
@@ -257,7 +265,8 @@ Value DecoderLayer::forward(Inputs inputs) {
   at::Tensor mlp_in = hidden;
   if (arch_.norms == Arch::Norms::Pre) mlp_in = (*post_attention_layernorm)(hidden);
   if (arch_.norms == Arch::Norms::Sandwich) mlp_in = (*pre_feedforward_layernorm)(hidden);
-  at::Tensor m = moe ? first_tensor((*moe)(mlp_in), moe->class_name()) : first_tensor((*mlp)(mlp_in), mlp->class_name());
+  const std::shared_ptr<Module> ffn = moe ? moe : other_moe ? other_moe : std::static_pointer_cast<Module>(mlp);
+  at::Tensor m = first_tensor((*ffn)(mlp_in), ffn->class_name());
   if (post_feedforward_layernorm) m = (*post_feedforward_layernorm)(m);
   if (resid_mlp_dropout) m = (*resid_mlp_dropout)(m);
   hidden = (*hook_resid_post)(hidden + m);
@@ -267,9 +276,27 @@ Value DecoderLayer::forward(Inputs inputs) {
 // ---------------------------------------------------------------------------
 // Base model and causal LM
 
+ScaledEmbedding::ScaledEmbedding(std::string cls, int64_t num, int64_t dim, double scale, const at::TensorOptions& opts)
+    : Embedding(num, dim, opts) {
+  set_class_name(std::move(cls));
+  add_buffer("embed_scale", embed_scale, at::scalar_tensor(scale, at::TensorOptions().dtype(at::kFloat)),
+             /*persistent=*/false);
+}
+
+Value ScaledEmbedding::forward(Inputs inputs) {
+  const at::Tensor rows = Embedding::forward(std::move(inputs)).toTensor();
+  return rows * embed_scale.to(weight.scalar_type());
+}
+
 DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)
     : Module(arch.cls("Model")), arch_(arch), cfg_(cfg) {
-  embed_tokens = add("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
+  if (arch.scaled_embedding_class.empty())
+    embed_tokens = add("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
+  else
+    embed_tokens = add("embed_tokens", std::make_shared<ScaledEmbedding>(arch.scaled_embedding_class, cfg.vocab_size,
+                                                                         cfg.hidden_size,
+                                                                         std::sqrt(static_cast<double>(cfg.hidden_size)),
+                                                                         opts));
   if (arch.residual_dropouts)
     embed_dropout = add("embed_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "embd_pdrop", 0.0)));
   layers = add("layers", std::make_shared<ModuleList>());
@@ -277,14 +304,34 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
   norm = add("norm", rms_norm(arch, cfg, cfg.hidden_size, opts));
   if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies)
     rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.rope == Arch::Rope::ModelPerLayerType)
+    rotary_emb = add("rotary_emb", std::make_shared<LayerTypeRotaryEmbedding>(arch.cls("RotaryEmbedding"), cfg,
+                                                                              cfg.head_dim));
 }
 
 at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {
   at::Tensor hidden = (*embed_tokens)(input_ids);
   // Gemma: the scale is a tensor of the hidden dtype (sqrt(3072) rounds in bf16).
-  if (arch_.scale_embeddings)
+  if (arch_.scale_embeddings && arch_.scaled_embedding_class.empty())
     hidden = hidden * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.hidden_size)), hidden.options());
   return hidden;
+}
+
+std::vector<Value> DecoderModel::position_embeddings(const at::Tensor& hidden, const at::Tensor& position_ids,
+                                                     bool run_hooks) {
+  if (!rotary_emb) return {Value()};
+  auto call = [&](Inputs in) { return run_hooks ? (*rotary_emb)(std::move(in)) : rotary_emb->forward(std::move(in)); };
+  if (arch_.rope != Arch::Rope::ModelPerLayerType) return {call(Inputs{hidden, position_ids})};
+  // One call per layer type present, full before sliding (Transformers
+  // iterates a set of the type names, so its order is not fixed).
+  Value full, sliding;
+  bool any_full = false, any_sliding = false;
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) (cfg_.layer_sliding_type(i) ? any_sliding : any_full) = true;
+  if (any_full) full = call(Inputs{hidden, position_ids, Value(std::string("full_attention"))});
+  if (any_sliding) sliding = call(Inputs{hidden, position_ids, Value(std::string("sliding_attention"))});
+  std::vector<Value> per_layer;
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) per_layer.push_back(cfg_.layer_sliding_type(i) ? sliding : full);
+  return per_layer;
 }
 
 Value DecoderModel::forward(Inputs inputs) {
@@ -292,13 +339,14 @@ Value DecoderModel::forward(Inputs inputs) {
   const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
   at::Tensor hidden = embed(call.input_ids);
   at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
-  Value pe;
-  if (rotary_emb) pe = (*rotary_emb)(Inputs{hidden, call.position_ids});
+  const std::vector<Value> pe = position_embeddings(hidden, call.position_ids);
   std::vector<at::Tensor> states;
-  for (const auto& layer : layers->items()) {
+  const auto& blocks = layers->items();
+  for (size_t i = 0; i < blocks.size(); ++i) {
     if (call.output_hidden_states) states.push_back(hidden);
-    hidden = first_tensor((*layer)(detail::block_inputs(hidden, mask, call.cache, pe, call.position_ids)),
-                          layer->class_name());
+    hidden = first_tensor((*blocks[i])(detail::block_inputs(hidden, mask, call.cache, pe[pe.size() == 1 ? 0 : i],
+                                                            call.position_ids)),
+                          blocks[i]->class_name());
   }
   hidden = (*norm)(hidden);
   if (call.output_hidden_states) states.push_back(hidden);

@@ -4,13 +4,16 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/from_pretrained.h>
+#include <flex/models/model_checkpoint.h>
 #include <flex/quant/quantize_model.h>
 
 namespace flex {
 
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& o) {
   ModelConfig cfg = load_config(dir);
-  Checkpoint ckpt = Checkpoint::open(dir);
+  const Checkpoint stored = Checkpoint::open(dir);
+  const CheckpointView view = model_checkpoint_view(cfg, stored);
+  const Checkpoint ckpt = stored.with_view(view);
   LoadOptions lo;
   if (o.torch_dtype == "auto") {
     lo.dtype_auto = true;
@@ -20,7 +23,9 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   const at::ScalarType dtype = resolve_dtype(cfg, ckpt, lo);
   // A checkpoint saved quantized, or quantizing while loading: the quantized
   // layers are planned on meta (plan_quantized_layers reads which).
-  const bool quantized = cfg.raw.contains("quantization_config") || (o.quantization && o.quantization->enabled());
+  // (FP8 / MXFP4 checkpoints are dequantized while read: not quantized layers.)
+  const bool quantized = (cfg.raw.contains("quantization_config") && !dequantized_at_load(cfg)) ||
+                         (o.quantization && o.quantization->enabled());
   const bool dispatched = o.device_map || !o.device_map_strategy.empty() || quantized;
   if (!dispatched) {
     lo.dtype = dtype;
@@ -44,6 +49,7 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   d.dtype = dtype;
   d.strict = o.strict;
   d.log = o.log;
+  d.view = view;
   // The KV cache is state, never moved between devices.
   d.skip_keys = {"past_key_values"};
   // Hook points hold no tensors; leaving them out keeps maps identical to Accelerate's.

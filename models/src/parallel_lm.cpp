@@ -8,6 +8,7 @@
 #include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/decoder.h>
+#include <flex/models/model_checkpoint.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/dispatch/checkpoint.h>
 
@@ -158,16 +159,19 @@ Value ParallelCausalLM::forward(Inputs inputs) {
       hidden = mesh_.pp_group()->recv(stage - 1, kHiddenTag);
     }
     at::Tensor mask = detail::allowed_mask(attention_mask, b, t, 0, hidden.device());
-    Value pe;
-    if (rotary_) {
-      // Stage 0 calls it as a module (hooks see it); later stages need the
-      // same tables without running hooks a second time.
+    // Stage 0 calls the rotary module as a module (hooks see it); later
+    // stages need the same tables without running hooks a second time.
+    std::vector<Value> pe{Value()};
+    if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(base_module_)) {
+      pe = decoder->position_embeddings(hidden, position_ids, stage == 0);
+    } else if (rotary_) {
       Inputs rin{hidden, position_ids};
-      pe = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
+      pe[0] = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
     }
     for (int64_t i = first_block_; i < last_block_; ++i)
-      hidden = detail::first_tensor((*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe, position_ids)),
-                                    "block " + str(i));
+      hidden = detail::first_tensor(
+          (*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe[pe.size() == 1 ? 0 : i], position_ids)),
+          "block " + str(i));
     if (stage == pp - 1) hidden = (*norm_)(hidden);
     return detail::tuple_of({hidden});
   };
@@ -258,7 +262,7 @@ std::string checkpoint_key(const Checkpoint& ckpt, const std::string& name, cons
 std::shared_ptr<ParallelCausalLM> load_parallel_pretrained(const std::string& dir, const DeviceMesh& mesh,
                                                            const ParallelLMOptions& opts) {
   ModelConfig cfg = load_config(dir);
-  Checkpoint ckpt = Checkpoint::open(dir);
+  Checkpoint ckpt = open_model_checkpoint(dir, cfg);
   auto model = build_parallel_causal_lm(cfg, mesh, opts);
   const std::string base = model->base_model_prefix();
   const auto tied = model->tied_parameters();

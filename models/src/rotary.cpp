@@ -39,6 +39,29 @@ at::Tensor longrope_inv_freq(const ModelConfig& cfg, int64_t dim, bool long_cont
   return at::reciprocal(ext * at::pow(cfg.rope_theta, exps));
 }
 
+// YaRN: frequencies that rotate fewer than beta_slow times over the original
+// context are interpolated (divided by factor), those that rotate more than
+// beta_fast times kept, with a linear ramp between, in Transformers' float32
+// order of operations.
+at::Tensor yarn_inv_freq(double base, int64_t dim, const RopeScaling& s) {
+  const double d = static_cast<double>(dim);
+  const double orig = static_cast<double>(s.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return d * std::log(orig / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, d - 1.0);
+  if (low == high) high += 0.001;  // no zero-width ramp
+  const at::Tensor exps = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat).div(dim);
+  const at::Tensor pos_freqs = at::pow(base, exps);
+  const at::Tensor extrapolation = at::reciprocal(pos_freqs);
+  const at::Tensor interpolation = at::reciprocal(pos_freqs * s.factor);
+  const at::Tensor ramp = at::clamp((at::arange(dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low), 0, 1);
+  const at::Tensor keep = 1.0 - ramp;  // the extrapolation's share
+  return interpolation * (1.0 - keep) + extrapolation * keep;
+}
+
 }  // namespace
 
 at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
@@ -48,6 +71,7 @@ at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
   if (s.rope_type == "linear") return default_inv_freq(cfg.rope_theta, dim, cpu) / s.factor;
   if (s.rope_type == "llama3") return llama3_inv_freq(default_inv_freq(cfg.rope_theta, dim, cpu), s);
   if (s.rope_type == "longrope") return longrope_inv_freq(cfg, dim, seq_len > s.original_max_position_embeddings);
+  if (s.rope_type == "yarn") return yarn_inv_freq(cfg.rope_theta, dim, s);
   if (s.rope_type == "dynamic") {
     const double max_pos = static_cast<double>(cfg.max_position_embeddings);
     const double len = seq_len > cfg.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;
@@ -109,12 +133,67 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::compute(const at::Tensor& x, 
     }
     scale = cfg_.rope_scaling.attention_factor;
   }
+  if (cfg_.rope_scaling.rope_type == "yarn") scale = cfg_.rope_scaling.attention_factor;
+  return rope_cos_sin(inv_freq, position_ids, x, scale);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
+                                               const at::Tensor& x, double scale) {
   at::Tensor pos = position_ids.to(inv_freq.device(), at::kFloat);
   at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(at::kFloat);  // [P, T, dim/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   at::Tensor cos = emb.cos(), sin = emb.sin();
   if (scale != 1.0) cos = cos * scale, sin = sin * scale;
   return {cos.to(x.device(), x.scalar_type()), sin.to(x.device(), x.scalar_type())};
+}
+
+// ---------------------------------------------------------------------------
+// One rotary module, a setting per layer type
+
+namespace {
+double cos_sin_scale(const RopeScaling& s) {
+  return s.rope_type == "yarn" || s.rope_type == "longrope" ? s.attention_factor : 1.0;
+}
+}  // namespace
+
+LayerTypeRotaryEmbedding::LayerTypeRotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t d)
+    : Module(std::move(class_name)), dim(d), cfg_(cfg) {
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) (cfg.layer_sliding_type(i) ? has_sliding_ : has_full_) = true;
+  full_scale_ = cos_sin_scale(cfg.rope_scaling);
+  sliding_scale_ = cos_sin_scale(cfg.with_sliding_rope().rope_scaling);
+  // Transformers registers the types in sorted order: full, then sliding.
+  if (has_full_) add_buffer("full_attention_inv_freq", full_inv_freq, rope_inv_freq(cfg_, dim), false);
+  if (has_sliding_)
+    add_buffer("sliding_attention_inv_freq", sliding_inv_freq, rope_inv_freq(cfg_.with_sliding_rope(), dim), false);
+}
+
+void LayerTypeRotaryEmbedding::reset_buffers(const at::Device& device) {
+  if (has_full_) set_tensor("full_attention_inv_freq", rope_inv_freq(cfg_, dim).to(device));
+  if (has_sliding_) set_tensor("sliding_attention_inv_freq", rope_inv_freq(cfg_.with_sliding_rope(), dim).to(device));
+}
+
+std::pair<at::Tensor, at::Tensor> LayerTypeRotaryEmbedding::compute(const at::Tensor& x, const at::Tensor& position_ids,
+                                                                    bool sliding) {
+  const at::Tensor& inv = sliding ? sliding_inv_freq : full_inv_freq;
+  if (!(sliding ? has_sliding_ : has_full_))
+    throw NotFoundError(class_name() + ": the model has no " + (sliding ? "sliding" : "full") + "-attention layer");
+  if (inv.is_meta())
+    throw UnsupportedError(class_name() + ": inv_freq is on the meta device; load the model (or call reset_buffers) first");
+  return rope_cos_sin(inv, position_ids, x, sliding ? sliding_scale_ : full_scale_);
+}
+
+Value LayerTypeRotaryEmbedding::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  at::Tensor pos = inputs.args.size() > 1 && inputs.args[1].isTensor() ? inputs.args[1].toTensor()
+                                                                       : inputs.tensor_or("position_ids");
+  const Value* type = inputs.args.size() > 2 ? &inputs.args[2] : inputs.find("layer_type");
+  if (!pos.defined() || !type || !type->isString())
+    throw NotFoundError(class_name() + " needs (x, position_ids, layer_type) with layer_type a string");
+  const std::string t = type->toStringRef();
+  if (t != "full_attention" && t != "sliding_attention")
+    throw ShapeError(class_name() + ": layer_type must be full_attention or sliding_attention, got '" + t + "'");
+  auto cs = compute(x, pos, t == "sliding_attention");
+  return c10::ivalue::Tuple::create({cs.first, cs.second});
 }
 
 Value RotaryEmbedding::forward(Inputs inputs) {

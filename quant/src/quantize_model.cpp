@@ -173,9 +173,13 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
   if (!j.contains("quantization_config") || !j["quantization_config"].is_object()) return std::nullopt;
   const auto& q = j["quantization_config"];
   const std::string where = path + ": quantization_config";
-  if (q.value("quant_method", std::string()) != "bitsandbytes")
+  // FP8 blocks and MXFP4 are dequantized while the checkpoint is read
+  // (stored_formats.h); the model has no quantized layers from them.
+  const std::string method = q.value("quant_method", std::string());
+  if (method == "fp8" || method == "mxfp4") return std::nullopt;
+  if (method != "bitsandbytes")
     throw ConfigError(where + ": quant_method '" + q.value("quant_method", std::string("?")) +
-                      "' is not supported (only bitsandbytes)");
+                      "' is not supported (bitsandbytes; fp8 and mxfp4 are dequantized at load)");
   BnbCheckpoint b;
   try {
     b.config.load_in_8bit = q.value("load_in_8bit", false);

@@ -173,3 +173,39 @@ TEST(TorchBin, BadFiles) {
   expect_error<flex::FileFormatError>([&] { flex::load_torch_bin(tmp.str("cut.bin")); }, {"cut.bin"});
   expect_error<flex::IOError>([&] { flex::load_torch_bin(tmp.str("none.bin")); }, {"none.bin"});
 }
+
+// A view: renamed prefixes, dropped parts, computed tensors replacing their sources.
+TEST(CheckpointView, RenamesDropsAndComputesThroughTheModelsNames) {
+  const fs::path dir = fs::temp_directory_path() / "flex_ckpt_view";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const at::Tensor a = at::arange(6, at::kFloat).view({2, 3}), b = at::full({3}, 2.0f), s = at::full({1}, 10.0f);
+  flex::save_safetensors((dir / "model.safetensors").string(),
+                         {{"language_model.model.a", a}, {"language_model.model.b", b}, {"language_model.model.b_scale", s},
+                          {"vision_tower.w", at::zeros({4})}});
+  const flex::Checkpoint stored = flex::Checkpoint::open(dir.string());
+  flex::CheckpointView v;
+  v.renames = {{"language_model.model.", "model."}};
+  v.dropped = {"vision_tower."};
+  flex::CheckpointView::Computed c;
+  c.name = "model.b";
+  c.sources = {"language_model.model.b", "language_model.model.b_scale"};
+  c.shape = {3};
+  c.compute = [](const std::vector<at::Tensor>& in) { return in[0] * in[1]; };
+  v.computed = {c};
+  const flex::Checkpoint ck = stored.with_view(v);
+  EXPECT_EQ(ck.keys(), (std::vector<std::string>{"model.a", "model.b"}));
+  EXPECT_EQ(ck.keys_in(ck.files()[0]).size(), 2u);
+  EXPECT_TRUE(flex_test::equal(ck.get("model.a"), a));
+  EXPECT_TRUE(flex_test::equal(ck.get("model.b"), at::full({3}, 20.0f)));
+  EXPECT_EQ(ck.stored_name("model.a"), "language_model.model.a");
+  EXPECT_TRUE(ck.is_computed("model.b"));
+  EXPECT_EQ(ck.shape("model.b"), (std::vector<int64_t>{3}));
+  EXPECT_FALSE(ck.contains("language_model.model.a"));
+  expect_error<flex::NotFoundError>([&] { ck.get("model.c"); }, {"model.c"});
+  // Two stored keys for one name.
+  flex::CheckpointView clash;
+  clash.renames = {{"language_model.model.a", "x"}, {"language_model.model.b", "x"}};
+  expect_error<flex::FileFormatError>([&] { stored.with_view(clash); }, {"'x'"});
+  fs::remove_all(dir);
+}

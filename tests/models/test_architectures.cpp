@@ -8,6 +8,8 @@
 #include <flex/models/auto_model.h>
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 using namespace flex;
@@ -31,6 +33,11 @@ nlohmann::json small_config(const Architecture& arch) {
                 {"num_local_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8},
                 {"shared_expert_intermediate_size", 8}});
       break;
+  }
+  if (!arch.nested_config.empty()) {  // a multimodal config: the language model's fields in a sub-object
+    nlohmann::json text = j;
+    text.erase("model_type");
+    return {{"model_type", arch.model_type}, {arch.nested_config, text}};
   }
   return j;
 }
@@ -77,6 +84,65 @@ TEST(Architectures, UnknownTypeNamesTheSupportedOnes) {
     EXPECT_NE(msg.find("'no_such_model' is not supported"), std::string::npos) << msg;
     for (const Architecture& arch : architectures()) EXPECT_NE(msg.find(arch.model_type), std::string::npos) << msg;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Gemma 3's older config form: the global base in rope_theta, the local one in
+// rope_local_base_freq, rope_scaling for the global layers only; the layer
+// types from sliding_window_pattern; a multimodal config's text_config.
+TEST(Architectures, Gemma3ReadsRopePerLayerTypeFromEitherForm) {
+  nlohmann::json text = {{"vocab_size", 32}, {"hidden_size", 16}, {"num_hidden_layers", 7},
+                         {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8},
+                         {"intermediate_size", 32}, {"rope_theta", 1000000.0}, {"rope_local_base_freq", 10000.0},
+                         {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}, {"sliding_window", 4}};
+  nlohmann::json j = {{"model_type", "gemma3"}, {"text_config", text}, {"eos_token_id", 1}};
+  const ModelConfig c = parse_config(j, "gemma3/config.json");
+  EXPECT_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  ASSERT_TRUE(c.sliding_rope.has_value());
+  EXPECT_EQ(c.sliding_rope->theta, 10000.0);
+  EXPECT_EQ(c.sliding_rope->scaling.rope_type, "default");
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(c.layer_slides(i), i != 5) << "layer " << i;
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{1});
+
+  nlohmann::json flat = text;
+  flat["model_type"] = "gemma3_text";
+  flat.erase("rope_scaling");
+  flat["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5.0}};
+  try {
+    parse_config(flat, "g/config.json");
+    FAIL() << "a flat rope_parameters was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_parameters"), std::string::npos) << e.what();
+  }
+  try {
+    parse_config(nlohmann::json{{"model_type", "gemma3"}}, "g/config.json");
+    FAIL() << "a gemma3 config without text_config was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("text_config"), std::string::npos) << e.what();
+  }
+}
+
+// YaRN: Transformers' attention factor 0.1 ln(factor) + 1, or the ratio of
+// the mscale terms when both are given.
+TEST(Architectures, YarnAttentionFactorFollowsMscale) {
+  nlohmann::json j = {{"model_type", "gpt_oss"}, {"vocab_size", 32}, {"hidden_size", 16}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8},
+                      {"intermediate_size", 8}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+  const ModelConfig d = parse_config(j, "o/config.json");  // Transformers' default rope for gpt-oss
+  EXPECT_EQ(d.rope_scaling.rope_type, "yarn");
+  EXPECT_NEAR(d.rope_scaling.attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-12);
+  EXPECT_FALSE(d.rope_scaling.truncate);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5},
+                          {"original_max_position_embeddings", 4096}, {"rope_theta", 10000.0}};
+  const ModelConfig m = parse_config(j, "o/config.json");
+  EXPECT_NEAR(m.rope_scaling.attention_factor, (0.1 * std::log(40.0) + 1.0) / (0.05 * std::log(40.0) + 1.0), 1e-12);
+  EXPECT_EQ(m.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 4096);
 }
 
 }  // namespace

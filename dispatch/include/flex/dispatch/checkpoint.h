@@ -6,12 +6,36 @@
 // (tried in that order).
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace flex {
+
+class Checkpoint;
+
+/// How a model's tensors are found in a checkpoint that names or stores them
+/// differently (the models layer builds one from the architecture and
+/// config.json): renamed prefixes (a multimodal checkpoint's language model),
+/// dropped parts (its vision tower), and tensors computed from stored ones
+/// when read (load-time dequantization of FP8 / MXFP4 weights).
+struct CheckpointView {
+  /// Stored-name prefix -> model-name prefix; the first that matches applies.
+  std::vector<std::pair<std::string, std::string>> renames;
+  /// Stored keys under these prefixes are not part of the model.
+  std::vector<std::string> dropped;
+  struct Computed {
+    std::string name;                  // the model's name
+    std::vector<std::string> sources;  // the stored keys it replaces
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;
+    /// The tensor from the sources (read in order).
+    std::function<at::Tensor(const std::vector<at::Tensor>&)> compute;
+  };
+  std::vector<Computed> computed;
+};
 
 class Checkpoint {
  public:
@@ -41,10 +65,23 @@ class Checkpoint {
   /// The file given to open() after folder resolution (the index or the single file).
   const std::string& source() const;
 
+  /// This checkpoint seen through `view`: keys() and the accessors use the
+  /// model's names. FileFormatError when two stored keys get one name or a
+  /// computed tensor's source is missing.
+  Checkpoint with_view(const CheckpointView& view) const;
+  /// The stored key behind model name `key` ("" for a computed tensor).
+  std::string stored_name(const std::string& key) const;
+  /// Whether `key` is computed when read (so not a view of a file).
+  bool is_computed(const std::string& key) const;
+  /// Whether any tensor is.
+  bool has_computed() const;
+
   struct Impl;
+  struct View;
 
  private:
   std::shared_ptr<Impl> impl_;
+  std::shared_ptr<const View> view_;
 };
 
 class DeviceMap;

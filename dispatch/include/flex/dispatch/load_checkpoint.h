@@ -11,6 +11,7 @@
 //    checkpoint file itself (no copy into the offload folder, no folder needed);
 //  - persistent buffers of disk-mapped modules are loaded too;
 //  - offload_state_dict is not needed: CPU weights are views of the memory map.
+#include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/balanced_memory.h>
 #include <flex/dispatch/big_modeling.h>
 #include <flex/dispatch/device_map.h>
@@ -52,6 +53,9 @@ struct LoadCheckpointOptions {
   std::function<std::optional<std::vector<std::pair<std::string, at::Tensor>>>(
       const std::string& key, const std::function<at::Tensor()>& read)>
       transform;
+  /// The model's view of the checkpoint (renamed and dropped keys, tensors
+  /// dequantized when read); keys and transform see the model's names.
+  std::optional<CheckpointView> view;
 };
 
 struct LoadCheckpointReport {
@@ -85,6 +89,8 @@ struct LoadAndDispatchOptions {
   std::function<bool(const std::string& name)> skip_module;
   /// See LoadCheckpointOptions::transform.
   decltype(LoadCheckpointOptions::transform) transform;
+  /// See LoadCheckpointOptions::view.
+  std::optional<CheckpointView> view;
 };
 
 /// Resolves the device map, loads the checkpoint into it and dispatches the

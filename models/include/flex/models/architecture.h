@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace flex {
@@ -69,6 +70,16 @@ struct Architecture {
   /// Each block holds a [n_positions, n_positions] causal-mask buffer, which
   /// bounds max_position_embeddings tighter (GPT-2, GPT-NeoX).
   bool square_mask_buffer = false;
+  /// Checkpoint keys as stored -> as the model names them (stored prefix,
+  /// model prefix; the first match applies), and stored parts that are not
+  /// the causal LM (flex/models/model_checkpoint.h).
+  std::vector<std::pair<std::string, std::string>> checkpoint_renames;
+  std::vector<std::string> checkpoint_dropped;
+  /// Blocks past num_hidden_layers in the checkpoint are skipped (DeepSeek-V3's MTP layer).
+  bool drop_extra_layers = false;
+  /// The config's model fields sit in this sub-object (Gemma 3's multimodal
+  /// "text_config"); empty: at the top level.
+  std::string nested_config;
 };
 
 /// The entry for `model_type`, or null when it is not supported.

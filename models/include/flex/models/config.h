@@ -18,7 +18,7 @@ namespace flex {
 
 /// rope_scaling ("type" or "rope_type").
 struct RopeScaling {
-  std::string rope_type = "default";  // default | linear | dynamic | llama3 | longrope
+  std::string rope_type = "default";  // default | linear | dynamic | llama3 | longrope | yarn
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
@@ -26,7 +26,19 @@ struct RopeScaling {
   // longrope (Phi-3 128k): per-frequency divisors for positions within /
   // beyond original_max_position_embeddings, and the cos/sin scale.
   std::vector<double> short_factor, long_factor;
-  double attention_factor = 1.0;
+  double attention_factor = 1.0;  // longrope, yarn: cos and sin are multiplied by it
+  // yarn: the ramp between extrapolated and interpolated frequencies (beta_fast,
+  // beta_slow rotations, bounds rounded outwards unless truncate is false);
+  // mscale / mscale_all_dim feed the attention factor (and DeepSeek's softmax scale).
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;
+  bool truncate = true;
+};
+
+/// A RoPE base and scaling: the model's, or one layer type's where they differ.
+struct RopeSettings {
+  double theta = 10000.0;
+  RopeScaling scaling;
 };
 
 struct ModelConfig {
@@ -50,6 +62,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   double rotary_pct = 1.0;  // gpt_neox: fraction of each head that is rotated
+  /// RoPE per layer type (Gemma 3, OLMo 3: rope_parameters keyed by
+  /// "full_attention" / "sliding_attention"): the sliding layers' setting;
+  /// rope_theta / rope_scaling above are the full-attention layers'.
+  std::optional<RopeSettings> sliding_rope;
 
   // Layout switches.
   bool attention_bias = false;        // o_proj bias (and q/k/v unless qkv_bias says otherwise); gpt_neox biases
@@ -76,6 +92,7 @@ struct ModelConfig {
   bool norm_topk_prob = false;              // renormalise the top-k weights to sum 1 (Mixtral: always)
   int64_t decoder_sparse_step = 1;          // Qwen2-MoE: layer i is sparse iff (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;     // ... and i is not listed here
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;  // gpt-oss experts' clamped SwiGLU
 
   std::optional<int64_t> bos_token_id, pad_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id may be one id or a list
@@ -85,12 +102,15 @@ struct ModelConfig {
   int64_t rotary_dim() const;
   /// The Hugging Face class name of the causal LM ("GPT2LMHeadModel", ...).
   std::string causal_lm_class() const;
-  /// Whether layer `layer` attends through the sliding window.
-  bool layer_slides(int64_t layer) const {
-    if (sliding_window <= 0) return false;
+  /// Whether layer `layer` is a sliding-attention layer by type (layer_types or the pattern) ...
+  bool layer_sliding_type(int64_t layer) const {
     if (!sliding_layers.empty()) return sliding_layers[static_cast<size_t>(layer)];
     return layer % sliding_window_pattern == 0;
   }
+  /// ... and whether it attends through a window (a window is configured).
+  bool layer_slides(int64_t layer) const { return sliding_window > 0 && layer_sliding_type(layer); }
+  /// This config with the sliding layers' RoPE setting in rope_theta / rope_scaling.
+  ModelConfig with_sliding_rope() const;
   /// Whether layer `layer` has a sparse mixture-of-experts block instead of a dense MLP.
   bool layer_is_sparse(int64_t layer) const;
 };

@@ -49,7 +49,9 @@ struct DecoderArch {
   /// (Qwen3), or each self_attn.rotary_emb, called after the projections
   /// (Mistral, Gemma 2, Phi-3, OLMo 2), or each self_attn.rotary_emb as
   /// precomputed cos/sin tables over positions (Mixtral, CachedRotaryEmbedding).
-  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer, PerLayerTables };
+  /// ModelPerLayerType: one model.rotary_emb with a setting per layer type,
+  /// called once per type present (Transformers 5's Gemma 3, OLMo 3).
+  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer, PerLayerTables, ModelPerLayerType };
   Rope rope = Rope::ModelWithIdleLayerCopies;
 
   /// q/k RMSNorms: over the whole projection before the head split (OLMo 2)
@@ -71,6 +73,10 @@ struct DecoderArch {
   std::string act_name = "act_fn";  // the MLP's activation child ("activation_fn" in Phi-3)
   RMSNorm::Scale norm_scale = RMSNorm::Scale::Weight;
   bool scale_embeddings = false;    // embeddings * sqrt(hidden), in the hidden dtype (Gemma)
+  /// Where the scale is applied: after the lookup (Gemma 2) or inside
+  /// embed_tokens, a module of this class (Gemma 3's
+  /// Gemma3TextScaledWordEmbedding), so a hook on it sees scaled embeddings.
+  std::string scaled_embedding_class;
   /// Scores as q.k * scale (Gemma 2, Qwen3) instead of q.k / sqrt(head_dim):
   /// the same number up to rounding, kept to match bit for bit.
   bool multiply_scale = false;
@@ -81,6 +87,14 @@ struct DecoderArch {
   std::string moe_block = "mlp";  // "block_sparse_moe" in Mixtral
   GatedMLPNames expert;
   bool shared_expert = false;
+  /// Which sparse block: SparseMoeBlock (softmax, top-k, per-expert MLPs) or
+  /// gpt-oss's GptOssMLP (router with bias, top-k logits then softmax, fused
+  /// clamped-SwiGLU experts with biases; flex/models/gpt_oss_moe.h).
+  enum class Moe { Sparse, GptOss };
+  Moe moe = Moe::Sparse;
+  /// Learned attention sinks: self_attn.sinks [heads], one extra logit per
+  /// head in every softmax row (gpt-oss).
+  bool attention_sinks = false;
 
   std::string cls(const std::string& suffix) const { return prefix + suffix; }
   /// The dense MLP's names (activation child act_name).
@@ -111,6 +125,7 @@ class DecoderAttention : public Module {
   std::shared_ptr<RMSNorm> q_norm, k_norm;      // OLMo 2, Qwen3
   std::shared_ptr<RotaryEmbedding> rotary_emb;  // null in Qwen3
   std::shared_ptr<Identity> hook_attn_probs, hook_head_out;
+  at::Tensor sinks;  // [heads] where the architecture has attention sinks
   const AttentionHeads& heads() const { return heads_; }
 
  private:
@@ -137,6 +152,15 @@ class DecoderMLP : public Module {
 
 class SparseMoeBlock;
 
+/// An embedding that multiplies its rows by a scale (non-persistent buffer
+/// embed_scale, cast to the weight's dtype first): Gemma 3's embed_tokens.
+class ScaledEmbedding : public Embedding {
+ public:
+  ScaledEmbedding(std::string class_name, int64_t num, int64_t dim, double scale, const at::TensorOptions& opts);
+  Value forward(Inputs inputs) override;
+  at::Tensor embed_scale;
+};
+
 class DecoderLayer : public Module {
  public:
   DecoderLayer(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts);
@@ -144,6 +168,7 @@ class DecoderLayer : public Module {
   std::shared_ptr<DecoderAttention> self_attn;
   std::shared_ptr<DecoderMLP> mlp;     // null in a sparse layer
   std::shared_ptr<SparseMoeBlock> moe;  // a sparse layer's block (arch.moe_block), else null
+  std::shared_ptr<Module> other_moe;    // ... where it is not a SparseMoeBlock (gpt-oss's GptOssMLP)
   /// Null where the architecture has no such norm.
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
       post_feedforward_layernorm;
@@ -160,11 +185,18 @@ class DecoderModel : public Module {
   Value forward(Inputs inputs) override;
   /// The embedding lookup, times sqrt(hidden) where the architecture scales it.
   at::Tensor embed(const at::Tensor& input_ids);
+  /// (cos, sin) for every layer (one entry when all layers share it; an
+  /// undefined Value where the layers compute RoPE themselves). `run_hooks`
+  /// false: later pipeline stages recompute what stage 0's hooked call gave.
+  std::vector<Value> position_embeddings(const at::Tensor& hidden, const at::Tensor& position_ids,
+                                         bool run_hooks = true);
   std::shared_ptr<Embedding> embed_tokens;
   std::shared_ptr<Dropout> embed_dropout;  // Phi-3: exists, never called
   std::shared_ptr<ModuleList> layers;
   std::shared_ptr<RMSNorm> norm;
-  std::shared_ptr<RotaryEmbedding> rotary_emb;  // null where the layers compute RoPE
+  /// RotaryEmbedding, LayerTypeRotaryEmbedding (Rope::ModelPerLayerType), or
+  /// null where the layers compute RoPE.
+  std::shared_ptr<Module> rotary_emb;
   const DecoderArch& arch() const { return arch_; }
 
  private:

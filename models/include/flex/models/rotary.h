@@ -5,7 +5,8 @@
 // attention layer rotates q and k with the rotate_half convention.
 // Supported rope types: default, linear, dynamic (NTK), llama3, longrope
 // (Phi-3: short or long per-frequency factors chosen by the length the
-// positions reach, cos/sin scaled by the attention factor). Architectures
+// positions reach, cos/sin scaled by the attention factor), yarn (cos/sin
+// scaled by its attention factor). Architectures
 // whose layers each compute RoPE (Mistral, Gemma 2, Phi-3, OLMo 2) call a
 // per-attention module with the same interface.
 #include <flex/hooks/module.h>
@@ -29,6 +30,11 @@ class ComputedBuffers {
 /// dynamic, the short factors for longrope).
 at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len = 0);
 
+/// (cos, sin) [P, T, 2 * inv_freq.size(0)] for the position ids, times
+/// `scale`, in x's dtype and on x's device.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
+                                               const at::Tensor& x, double scale = 1.0);
+
 /// rotate_half: cat(-x[..., d/2:], x[..., :d/2]).
 at::Tensor rotate_half(const at::Tensor& x);
 /// x * cos + rotate_half(x) * sin, with cos/sin [P, T, D] broadcast over heads
@@ -51,6 +57,28 @@ class RotaryEmbedding : public Module, public ComputedBuffers {
  private:
   ModelConfig cfg_;
   int64_t max_seq_len_cached_;  // dynamic NTK: the length inv_freq was made for
+};
+
+/// The rotary module of models with a RoPE setting per layer type (Transformers
+/// 5's Gemma3RotaryEmbedding, Olmo3RotaryEmbedding): call with (x,
+/// position_ids, layer_type) where layer_type is "full_attention" or
+/// "sliding_attention"; the base model calls it once per type present. Holds
+/// full_attention_inv_freq / sliding_attention_inv_freq for the types the
+/// model has (config.layer_sliding_type).
+class LayerTypeRotaryEmbedding : public Module, public ComputedBuffers {
+ public:
+  LayerTypeRotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t dim);
+  Value forward(Inputs inputs) override;
+  std::pair<at::Tensor, at::Tensor> compute(const at::Tensor& x, const at::Tensor& position_ids, bool sliding);
+  void reset_buffers(const at::Device& device) override;
+
+  at::Tensor full_inv_freq, sliding_inv_freq;
+  int64_t dim;
+
+ private:
+  ModelConfig cfg_;
+  bool has_full_ = false, has_sliding_ = false;
+  double full_scale_ = 1.0, sliding_scale_ = 1.0;  // yarn's attention factor on cos/sin
 };
 
 /// Mixtral's rotary module in Transformers 4.47: cos/sin tables for every

@@ -1,0 +1,91 @@
+// gpt-oss's MoE MLP (gpt_oss_moe.h) in Transformers 5.23's order of calls and
+// arithmetic.
+#include "common.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/hooks/token_rows.h>
+#include <flex/models/gpt_oss_moe.h>
+
+#include <ATen/ATen.h>
+
+namespace flex {
+
+namespace {
+at::Tensor new_param(std::vector<int64_t> shape, const at::TensorOptions& opts) {
+  at::Tensor t = at::empty(shape, opts);
+  if (!t.is_meta()) t.normal_(0.0, 0.02);
+  return t;
+}
+// A Linear with bias under Transformers' router class name.
+class TopKRouter : public Linear {
+ public:
+  TopKRouter(int64_t in, int64_t out, const at::TensorOptions& opts) : Linear(in, out, true, opts) {
+    set_class_name("GptOssTopKRouter");
+  }
+};
+}  // namespace
+
+GptOssExperts::GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& opts)
+    : Module("GptOssExperts"),
+      num_experts(cfg.num_experts),
+      alpha(cfg.swiglu_alpha),
+      limit(cfg.swiglu_limit) {
+  const int64_t e = cfg.num_experts, c = cfg.hidden_size, i = cfg.moe_intermediate_size;
+  add_parameter("gate_up_proj", gate_up_proj, new_param({e, c, 2 * i}, opts));
+  add_parameter("gate_up_proj_bias", gate_up_proj_bias, new_param({e, 2 * i}, opts));
+  add_parameter("down_proj", down_proj, new_param({e, i, c}, opts));
+  add_parameter("down_proj_bias", down_proj_bias, new_param({e, c}, opts));
+}
+
+Value GptOssExperts::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  const at::Tensor& selected = inputs.tensor(1);
+  const at::Tensor& weights = inputs.tensor(2);
+  const int64_t n = x.size(0);
+  at::Tensor out = at::zeros_like(x);
+  const at::Tensor by_slot = selected.t();  // [k, N]: (slot, token) pairs slot-major, as torch.where gives them
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const at::Tensor hits = by_slot.eq(e).nonzero();
+    if (hits.size(0) == 0) continue;
+    const at::Tensor slot = hits.select(1, 0), token = hits.select(1, 1);
+    ScopedTokenRows rows({token, slot, n});
+    at::Tensor gu = at::matmul(x.index_select(0, token), gate_up_proj[e]) + gate_up_proj_bias[e];
+    at::Tensor gate = gu.slice(-1, 0, gu.size(-1), 2).clamp_max(limit);
+    at::Tensor up = gu.slice(-1, 1, gu.size(-1), 2).clamp(-limit, limit);
+    at::Tensor glu = gate * at::sigmoid(gate * alpha);
+    at::Tensor y = at::matmul((up + 1) * glu, down_proj[e]) + down_proj_bias[e];
+    y = y * at::index(weights, {token, slot}).unsqueeze(1);
+    out.index_add_(0, token, y.to(x.scalar_type()));
+  }
+  return out;
+}
+
+GptOssMLP::GptOssMLP(const ModelConfig& cfg, const at::TensorOptions& opts)
+    : Module("GptOssMLP"), top_k(cfg.num_experts_per_tok) {
+  router = add("router", std::make_shared<TopKRouter>(cfg.hidden_size, cfg.num_experts, opts));
+  experts = add("experts", std::make_shared<GptOssExperts>(cfg, opts));
+  hook_selected_experts = add("hook_selected_experts", detail::hook_point());
+}
+
+Value GptOssMLP::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  if (x.dim() < 2 || x.size(-1) != router->in_features)
+    throw ShapeError(class_name() + ": expected hidden states [..., " + std::to_string(router->in_features) + "], got " +
+                     std::to_string(x.dim()) + " dims");
+  const at::Tensor flat = x.reshape({-1, x.size(-1)});
+  const int64_t n = flat.size(0), e = router->out_features;
+  const at::Tensor logits = detail::first_tensor((*router)(flat), router->class_name());
+  at::Tensor selected = std::get<1>(at::topk(logits, top_k, -1));
+  selected = detail::first_tensor((*hook_selected_experts)(selected), "hook_selected_experts");
+  if (selected.dim() != 2 || selected.size(0) != n || selected.size(1) != top_k || selected.scalar_type() != at::kLong)
+    throw ShapeError(class_name() + ": hook_selected_experts must stay a [" + std::to_string(n) + ", " +
+                     std::to_string(top_k) + "] int64 tensor of expert ids");
+  if (n > 0 && (selected.min().item<int64_t>() < 0 || selected.max().item<int64_t>() >= e))
+    throw ShapeError(class_name() + ": hook_selected_experts holds an expert id outside [0, " + std::to_string(e) + ")");
+  // Unedited, the gathered logits are topk's values exactly.
+  const at::Tensor weights = at::softmax(logits.gather(1, selected), 1);
+  at::Tensor y = detail::first_tensor((*experts)(Inputs{flat, selected, weights}), experts->class_name());
+  return detail::tuple_of({y.view(x.sizes()), weights});
+}
+
+}  // namespace flex
