@@ -60,28 +60,6 @@ def cases():
     # layer_types overriding Gemma 2's every-other-layer pattern.
     yield "gemma2_layer_types", T.Gemma2Config(**SMALL, head_dim=8, sliding_window=5, query_pre_attn_scalar=24,
                                                layer_types=["full_attention", "sliding_attention", "sliding_attention"])
-    # Transformers 5 architectures (model zoo III).
-    yield "olmo3", T.Olmo3Config(**SMALL, sliding_window=5,
-                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                                 rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 30000.0,
-                                                                     "original_max_position_embeddings": 16},
-                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
-    yield "gemma3_text", T.Gemma3TextConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=8, sliding_window=5,
-                                            query_pre_attn_scalar=24,
-                                            layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                                         "sliding_attention"],
-                                            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                                                "rope_theta": 1e6},
-                                                             "sliding_attention": {"rope_type": "default",
-                                                                                   "rope_theta": 1e4}})
-    yield "qwen3_moe", T.Qwen3MoeConfig(**SMALL, head_dim=8, num_experts=8, num_experts_per_tok=3,
-                                        moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=[1])
-    # swiglu_limit small enough that the clamp cuts; sinks and router biases randomised below.
-    yield "gpt_oss", T.GptOssConfig(**{**SMALL, "intermediate_size": 16}, head_dim=8, num_local_experts=6,
-                                    num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.05,
-                                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
-                                                     "beta_slow": 1.0, "truncate": False,
-                                                     "original_max_position_embeddings": 16, "rope_theta": 150000.0})
 
 
 def batch():
