@@ -472,7 +472,7 @@ def key_layout(name, model, folder):
     if isinstance(model, T.Gemma3ForConditionalGeneration):
         notes += [["language_model.model.{embed_tokens,layers.*,norm}.*", "model.language_model.{...} (Gemma3ForCausalLM: model.{...})"],
                   ["(no lm_head key: tied)", "lm_head.weight = model.language_model.embed_tokens.weight"],
-                  ["vision_tower.{embeddings,encoder,post_layernorm}.*", "model.vision_tower.vision_model.{...}"],
+                  ["vision_tower.{embeddings,encoder,post_layernorm}.* (the published files: vision_tower.vision_model.*; 5.23 loads both)", "model.vision_tower.{embeddings,encoder,post_layernorm}.*"],
                   ["multi_modal_projector.*", "model.multi_modal_projector.*"]]
     if name.endswith("fp8"):
         notes += [["<linear>.weight float8_e4m3fn [out, in] + <linear>.weight_scale_inv fp32 [ceil(out/128), ceil(in/128)]",
