@@ -156,9 +156,9 @@ TEST(Config, ErrorsNameTheFileAndTheField) {
   EXPECT_TRUE(mentions(msg, "'num_key_value_heads'")) << msg;
 
   write_text(path, R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "intermediate_size": 16, "rope_scaling": {"rope_type": "yarn", "factor": 2}})");
+                       "num_attention_heads": 2, "intermediate_size": 16, "rope_scaling": {"rope_type": "longrope", "factor": 2}})");
   msg = error_of<ConfigError>([&] { load_config(path); });
-  EXPECT_TRUE(mentions(msg, "rope_scaling") && mentions(msg, "yarn")) << msg;
+  EXPECT_TRUE(mentions(msg, "rope_scaling") && mentions(msg, "longrope")) << msg;
 
   write_text(path, "{not json");
   EXPECT_THROW(load_config(path), FileFormatError);

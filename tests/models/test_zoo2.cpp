@@ -264,7 +264,7 @@ TEST(Phi3, LongropeFollowsItsFormula) {
 // What we do not implement fails at load, naming the file and the field.
 TEST(ZooConfig, UnsupportedVariantsAndAbsurdSizesAreTypedErrors) {
   const std::vector<std::tuple<std::string, std::function<void(nlohmann::json&)>, std::string>> rows = {
-      {"mistral", [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; }, "rope_scaling.rope_type"},
+      {"mistral", [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4}}; }, "rope_scaling.rope_type"},
       {"qwen2", [](nlohmann::json& c) { c["use_sliding_window"] = true; }, "use_sliding_window"},
       {"gemma2", [](nlohmann::json& c) { c["attn_implementation"] = "flex_attention"; }, "attn_implementation"},
       {"phi3", [](nlohmann::json& c) { c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}; },
