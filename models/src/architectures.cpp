@@ -345,6 +345,10 @@ Architecture gemma3() {
   Architecture a = gemma3_text();
   a.model_type = "gemma3";
   a.nested_config = "text_config";
+  // Gemma3TextConfig's defaults for the sizes (gemma-3-4b-it's text_config omits some).
+  a.nested_defaults = {{"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+                       {"num_hidden_layers", 26}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                       {"head_dim", 256}};
   a.checkpoint_renames = {{"model.language_model.", "model."},
                           {"language_model.model.", "model."},
                           {"language_model.lm_head.", "lm_head."}};

@@ -339,12 +339,15 @@ ModelConfig parse_config_impl(const json& j, const std::string& source) {
   const Architecture& arch = architecture(c);
   // A multimodal config keeps the language model's fields in a sub-object.
   const json* body = &j;
+  json merged;
   if (!arch.nested_config.empty()) {
     auto sub = j.find(arch.nested_config);
     if (sub == j.end() || !sub->is_object())
       throw ConfigError(source + ": field '" + arch.nested_config + "' (the language model's config) is required for " +
                         "model_type '" + c.model_type + "'");
-    body = &*sub;
+    merged = arch.nested_defaults.is_object() ? arch.nested_defaults : json::object();
+    merged.update(*sub);
+    body = &merged;
   }
   const std::string where = arch.nested_config.empty() ? source : source + " (" + arch.nested_config + ")";
   Reader r{*body, where, c.model_type};

@@ -2,6 +2,7 @@
 // arithmetic.
 #include "common.h"
 
+#include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/token_rows.h>
 #include <flex/models/gpt_oss_moe.h>
@@ -11,9 +12,14 @@
 namespace flex {
 
 namespace {
+// On meta under EmptyInit (a 20B model's experts are never allocated to be
+// thrown away), else N(0, 0.02) like Transformers' init.
 at::Tensor new_param(std::vector<int64_t> shape, const at::TensorOptions& opts) {
-  at::Tensor t = at::empty(shape, opts);
-  if (!t.is_meta()) t.normal_(0.0, 0.02);
+  at::Tensor t = new_parameter(shape, opts);
+  if (!t.is_meta()) {
+    at::NoGradGuard guard;
+    t.normal_(0.0, 0.02);
+  }
   return t;
 }
 // A Linear with bias under Transformers' router class name.

@@ -80,6 +80,9 @@ struct Architecture {
   /// The config's model fields sit in this sub-object (Gemma 3's multimodal
   /// "text_config"); empty: at the top level.
   std::string nested_config;
+  /// Transformers' defaults for that sub-object's fields (the published
+  /// gemma-3-4b-it text_config leaves out vocab_size and other sizes).
+  nlohmann::json nested_defaults;
 };
 
 /// The entry for `model_type`, or null when it is not supported.
