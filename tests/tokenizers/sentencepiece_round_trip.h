@@ -1,7 +1,7 @@
 #pragma once
 // Shared by the SentencePiece-style tokenizer tests (Llama, Gemma): decoding
 // what was encoded gives the text back, for random byte strings too.
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
 // load_tokenizer: pick the tokenizer files of a model folder and name its special tokens.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_bpe.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/bpe.h>
 
-#include <fmt/format.h>
+#include "message.h"
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -24,14 +24,14 @@ struct Names {
 void read_names(const fs::path& file, Names& names) {
   if (!fs::exists(file)) return;
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw IOError(fmt::format("cannot open {}", file.string()));
+  if (!in) throw IOError(cat("cannot open ", file.string()));
   json doc;
   try {
     doc = json::parse(in);
   } catch (const json::exception& e) {
-    throw FileFormatError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+    throw FileFormatError(cat(file.string(), ": not valid JSON: ", e.what()));
   }
-  if (!doc.is_object()) throw FileFormatError(fmt::format("{}: expected a JSON object", file.string()));
+  if (!doc.is_object()) throw FileFormatError(cat(file.string(), ": expected a JSON object"));
   const auto take = [&](const char* key, std::optional<std::string>& slot) {
     auto it = doc.find(key);
     if (it == doc.end() || it->is_null() || slot) return;  // the first file that names it wins
@@ -40,7 +40,7 @@ void read_names(const fs::path& file, Names& names) {
     } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
       slot = (*it)["content"].get<std::string>();
     } else {
-      throw FileFormatError(fmt::format("{}: {}: expected a string or {{\"content\": ...}}", file.string(), key));
+      throw FileFormatError(cat(file.string(), ": ", key, ": expected a string or {\"content\": ...}"));
     }
   };
   take("bos_token", names.bos);
@@ -53,7 +53,7 @@ std::optional<int64_t> resolve(const Tokenizer& tok, const std::optional<std::st
                                const std::string& where) {
   if (!name) return std::nullopt;
   auto id = tok.token_to_id(*name);
-  if (!id) throw FileFormatError(fmt::format("{}: {} '{}' is not a token of the tokenizer", where, key, *name));
+  if (!id) throw FileFormatError(cat(where, ": ", key, " '", *name, "' is not a token of the tokenizer"));
   return id;
 }
 
@@ -61,14 +61,14 @@ std::optional<int64_t> resolve(const Tokenizer& tok, const std::optional<std::st
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
-  if (!fs::is_directory(dir)) throw IOError(fmt::format("tokenizer folder {} does not exist", model_dir));
+  if (!fs::is_directory(dir)) throw IOError(cat("tokenizer folder ", model_dir, " does not exist"));
   std::unique_ptr<BpeTokenizer> tok;
   if (fs::exists(dir / "tokenizer.json")) {
     tok = std::make_unique<BpeTokenizer>(read_tokenizer_json((dir / "tokenizer.json").string()));
   } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
     tok = std::make_unique<BpeTokenizer>(read_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string()));
   } else {
-    throw IOError(fmt::format("{}: no tokenizer.json and no vocab.json + merges.txt", model_dir));
+    throw IOError(cat(model_dir, ": no tokenizer.json and no vocab.json + merges.txt"));
   }
 
   // special_tokens_map.json overrides tokenizer_config.json, as in transformers.
@@ -76,7 +76,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path map_file = dir / "special_tokens_map.json", config_file = dir / "tokenizer_config.json";
   read_names(map_file, names);
   read_names(config_file, names);
-  const std::string where = fmt::format("{} (special_tokens_map.json / tokenizer_config.json)", model_dir);
+  const std::string where = cat(model_dir, " (special_tokens_map.json / tokenizer_config.json)");
   if (!names.bos && !names.eos && !names.pad && !names.unk) {
     // No config names them: use the conventional names the vocabulary has.
     const auto has = [&](const char* t) { return tok->token_to_id(t) ? std::optional<std::string>(t) : std::nullopt; };

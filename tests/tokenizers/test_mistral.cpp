@@ -6,13 +6,13 @@
 // Expected ids are worked out by hand from the file's vocabulary and merge ranks
 // (README has the table) and agree with Hugging Face tokenizers 0.23.2.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "data_util.h"
 
 using Ids = std::vector<int64_t>;
 using nlohmann::json;

@@ -1,11 +1,11 @@
 // The BPE tokenizer pipeline: added tokens, normalizer, pre-tokenizer (see
-// tokenizer_pretokenize.cpp), model, post-processor on the way in; decoder steps
+// pretokenize.cpp), model, post-processor on the way in; decoder steps
 // on the way out.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer_bpe.h>
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/bpe.h>
+#include <flex/tokenizers/unicode.h>
 
-#include <fmt/format.h>
+#include "message.h"
 
 #include <algorithm>
 
@@ -102,10 +102,10 @@ const std::vector<std::string>& byte_level_chars() {
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), model_(spec_) {
   for (const AddedToken& t : spec_.added_tokens) {
-    if (t.content.empty()) throw FileFormatError(fmt::format("{}: added token {} has empty content", spec_.source, t.id));
-    if (t.id < 0) throw FileFormatError(fmt::format("{}: added token '{}' has negative id {}", spec_.source, t.content, t.id));
+    if (t.content.empty()) throw FileFormatError(cat(spec_.source, ": added token ", t.id, " has empty content"));
+    if (t.id < 0) throw FileFormatError(cat(spec_.source, ": added token '", t.content, "' has negative id ", t.id));
     if (!added_by_content_.emplace(t.content, t.id).second) {
-      throw FileFormatError(fmt::format("{}: added token '{}' appears twice", spec_.source, t.content));
+      throw FileFormatError(cat(spec_.source, ": added token '", t.content, "' appears twice"));
     }
   }
   for (const AddedToken& t : spec_.added_tokens) {
@@ -132,7 +132,7 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), model_(spec_)
   }
   const auto check = [&](const std::vector<int64_t>& ids, const char* what) {
     for (int64_t id : ids) {
-      if (!id_to_token(id)) throw FileFormatError(fmt::format("{}: post_processor {} id {} is not a token", spec_.source, what, id));
+      if (!id_to_token(id)) throw FileFormatError(cat(spec_.source, ": post_processor ", what, " id ", id, " is not a token"));
     }
   };
   check(spec_.prefix_ids, "prefix");
@@ -226,8 +226,7 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   for (int64_t id : ids) {
     auto t = id_to_token(id);
     if (!t) {
-      throw NotFoundError(fmt::format("{}: token id {} is not in the vocabulary (ids 0..{})", spec_.source, id,
-                                      vocab_size() - 1));
+      throw NotFoundError(cat(spec_.source, ": token id ", id, " is not in the vocabulary (ids 0..", vocab_size() - 1, ")"));
     }
     if (skip_special_tokens && is_special(id)) continue;
     toks.push_back(std::move(*t));

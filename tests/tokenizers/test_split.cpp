@@ -4,7 +4,7 @@
 // escape and empty-match cases were also checked against Hugging Face tokenizers
 // 0.23.2 (see tests/data/tokenizers/README.md).
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer_split.h>
+#include <flex/tokenizers/split.h>
 #include <gtest/gtest.h>
 
 #include <string>

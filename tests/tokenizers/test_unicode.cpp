@@ -1,8 +1,8 @@
 // UTF-8 decoding, character classes and NFC, each checked against facts from the
 // Unicode standard worked out by hand (see the comments). The split patterns are
-// tested in test_tokenizer_split.cpp.
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_unicode.h>
+// tested in test_split.cpp.
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/unicode.h>
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,6 +1,6 @@
 // UTF-8 decoding that never fails: ill-formed input becomes explicit invalid units.
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/unicode.h>
 
 namespace flex::unicode {
 

@@ -2,7 +2,7 @@
 // are Hugging Face's NormalizedString::split, applied while the spans stream in
 // (a long text has about one span per 4 bytes, so no list of them is kept), and
 // give the same pieces in the corner cases: empty matches, adjacent delimiters.
-#include <flex/models/tokenizer_split.h>
+#include <flex/tokenizers/split.h>
 
 namespace flex {
 

@@ -3,7 +3,7 @@
 // Face's PreTokenizedString::split does. Words stream from one step to the next
 // (depth first) instead of being collected per step: a long text has about one
 // word per 4 bytes, and copying them all between steps cost more than the regex.
-#include <flex/models/tokenizer_bpe.h>
+#include <flex/tokenizers/bpe.h>
 
 namespace flex {
 namespace {

@@ -1,12 +1,12 @@
 // Bad tokenizer files give typed errors that name the file and what is wrong.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "test_util.h"
+#include "data_util.h"
 
 namespace {
 

@@ -4,12 +4,12 @@
 // hand from the file's vocabulary and merge ranks (each comment shows how; the
 // README has the table) and agree with Hugging Face tokenizers 0.23.2.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "test_util.h"
+#include "data_util.h"
 
 using Ids = std::vector<int64_t>;
 

@@ -1,9 +1,9 @@
 // The BPE model: characters -> initial symbols -> merges by rank.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer_bpe.h>
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/bpe.h>
+#include <flex/tokenizers/unicode.h>
 
-#include <fmt/format.h>
+#include "message.h"
 
 #include <queue>
 
@@ -21,10 +21,10 @@ uint64_t pair_key(int32_t a, int32_t b) {
 }
 
 std::string describe_unit(const std::string& word, size_t pos, const unicode::Utf8Unit& u) {
-  if (u.valid) return fmt::format("U+{:04X}", u.cp);
-  std::string hex;
-  for (size_t k = 0; k < u.len; ++k) hex += fmt::format("{}{:02X}", k ? " " : "", static_cast<uint8_t>(word[pos + k]));
-  return "invalid UTF-8 bytes " + hex;
+  if (u.valid) return cat("U+", hex(u.cp, 4));
+  std::string bytes;
+  for (size_t k = 0; k < u.len; ++k) bytes += cat(k ? " " : "", hex(static_cast<uint8_t>(word[pos + k]), 2));
+  return "invalid UTF-8 bytes " + bytes;
 }
 
 }  // namespace
@@ -37,12 +37,10 @@ BpeModel::BpeModel(const BpeSpec& spec)
   int64_t max_id = -1;
   for (const auto& [tok, id] : spec.vocab) {
     if (id < 0 || id > INT32_MAX) {
-      throw FileFormatError(fmt::format("{}: model.vocab: token '{}' has id {} (must be 0..2^31-1)", source_, tok, id));
+      throw FileFormatError(cat(source_, ": model.vocab: token '", tok, "' has id ", id, " (must be 0..2^31-1)"));
     }
     if (id >= static_cast<int64_t>(spec.vocab.size()) + kMaxUnusedIds) {
-      throw FileFormatError(fmt::format(
-          "{}: model.vocab: token '{}' has id {}, but the vocabulary has {} tokens (at most {} ids may be left unused)",
-          source_, tok, id, spec.vocab.size(), kMaxUnusedIds));
+      throw FileFormatError(cat(source_, ": model.vocab: token '", tok, "' has id ", id, ", but the vocabulary has ", spec.vocab.size(), " tokens (at most ", kMaxUnusedIds, " ids may be left unused)"));
     }
     max_id = std::max(max_id, id);
   }
@@ -50,11 +48,10 @@ BpeModel::BpeModel(const BpeSpec& spec)
   has_token_.assign(tokens_.size(), false);
   for (const auto& [tok, id] : spec.vocab) {
     if (has_token_[id]) {
-      throw FileFormatError(fmt::format("{}: model.vocab: id {} is given to both '{}' and '{}'", source_, id,
-                                        tokens_[id], tok));
+      throw FileFormatError(cat(source_, ": model.vocab: id ", id, " is given to both '", tokens_[id], "' and '", tok, "'"));
     }
     if (!vocab_.emplace(tok, static_cast<int32_t>(id)).second) {
-      throw FileFormatError(fmt::format("{}: model.vocab: token '{}' appears twice", source_, tok));
+      throw FileFormatError(cat(source_, ": model.vocab: token '", tok, "' appears twice"));
     }
     tokens_[id] = tok;
     has_token_[id] = true;
@@ -62,13 +59,13 @@ BpeModel::BpeModel(const BpeSpec& spec)
     if (!tok.empty() && u.valid && u.len == tok.size()) char_ids_[u.cp] = static_cast<int32_t>(id);
   }
   for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(fmt::format("<0x{:02X}>", b));
+    auto it = vocab_.find(cat("<0x", hex(b, 2), ">"));
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
   }
   if (spec.unk_token) {
     auto it = vocab_.find(*spec.unk_token);
     if (it == vocab_.end()) {
-      throw FileFormatError(fmt::format("{}: model.unk_token '{}' is not in the vocabulary", source_, *spec.unk_token));
+      throw FileFormatError(cat(source_, ": model.unk_token '", *spec.unk_token, "' is not in the vocabulary"));
     }
     unk_id_ = it->second;
   }
@@ -80,8 +77,7 @@ BpeModel::BpeModel(const BpeSpec& spec)
     const auto find = [&](const std::string& t) {
       auto it = vocab_.find(t);
       if (it == vocab_.end()) {
-        throw FileFormatError(fmt::format("{}: merge #{} '{} {}': token '{}' is not in the vocabulary", source_,
-                                          rank, a, b, t));
+        throw FileFormatError(cat(source_, ": merge #", rank, " '", a, " ", b, "': token '", t, "' is not in the vocabulary"));
       }
       return it->second;
     };
@@ -127,8 +123,7 @@ void BpeModel::initial_symbols(const std::string& word, std::vector<int32_t>& sy
     }
     if (!done) {
       if (!unk_id_) {
-        throw NotFoundError(fmt::format("{}: {} has no token and the model defines no unk_token",
-                                        source_, describe_unit(word, pos, u)));
+        throw NotFoundError(cat(source_, ": ", describe_unit(word, pos, u), " has no token and the model defines no unk_token"));
       }
       if (!(fuse_unk_ && last_unk)) syms.push_back(*unk_id_);
       last_unk = true;

@@ -6,14 +6,14 @@
 // by hand from the file's vocabulary and merge ranks (README has the table) and
 // agree with Hugging Face tokenizers 0.23.2.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data_util.h"
 #include "sentencepiece_round_trip.h"
-#include "test_util.h"
 
 using Ids = std::vector<int64_t>;
 

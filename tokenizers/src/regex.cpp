@@ -9,17 +9,17 @@
 #include <pcre2.h>
 
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer_split.h>
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/split.h>
+#include <flex/tokenizers/unicode.h>
 
-#include <fmt/format.h>
+#include "message.h"
 
 namespace flex {
 namespace {
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
-  if (pcre2_get_error_message(code, buf, sizeof buf) < 0) return fmt::format("PCRE2 error {}", code);
+  if (pcre2_get_error_message(code, buf, sizeof buf) < 0) return cat("PCRE2 error ", code);
   return reinterpret_cast<const char*>(buf);
 }
 
@@ -57,7 +57,7 @@ std::string onig_to_pcre2(const std::string& p, const std::string& where) {
       } else if (!in_class) {
         out += "[^" + std::string(body) + "]";
       } else {
-        throw UnsupportedError(fmt::format("{}: '\\{}' inside [...] is not supported in split patterns", where, e));
+        throw UnsupportedError(cat(where, ": '\\", e, "' inside [...] is not supported in split patterns"));
       }
       continue;
     }
@@ -111,8 +111,7 @@ SplitPattern SplitPattern::regex(const std::string& pattern, const std::string& 
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
                                    &err_off, ctx.get());
   if (!code) {
-    throw UnsupportedError(fmt::format("{}: cannot compile split pattern '{}' (as '{}' for PCRE2): {} at offset {}",
-                                       where, pattern, translated, pcre2_message(err), err_off));
+    throw UnsupportedError(cat(where, ": cannot compile split pattern '", pattern, "' (as '", translated, "' for PCRE2): ", pcre2_message(err), " at offset ", err_off));
   }
   auto re = std::make_shared<Regex>();
   re->code.reset(code);
@@ -145,7 +144,7 @@ void SplitPattern::regex_spans(const std::string& text, const std::function<void
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       throw UnsupportedError(
-          fmt::format("{}: split pattern failed at byte {} of a {}-byte text: {}", regex_->where, pos, text.size(), pcre2_message(rc)));
+          cat(regex_->where, ": split pattern failed at byte ", pos, " of a ", text.size(), "-byte text: ", pcre2_message(rc)));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t start = ov[0], end = ov[1];

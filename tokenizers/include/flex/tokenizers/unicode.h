@@ -1,6 +1,6 @@
 #pragma once
 // The Unicode pieces the tokenizers need besides the split regexes (PCRE2, see
-// tokenizer_split.h): UTF-8 decoding that tolerates invalid bytes, the letter /
+// split.h): UTF-8 decoding that tolerates invalid bytes, the letter /
 // number / whitespace classes that added tokens' single_word / lstrip / rstrip
 // test, and NFC normalisation.
 #include <cstddef>

@@ -6,7 +6,7 @@
 // /^\p{N}$/u, i.e. the classes the npm package gpt-3-encoder uses for the golden
 // encodings in tests/data/tokenizers/gpt2. Regenerate with a loop over
 // String.fromCodePoint(0..0x10FFFF) that merges consecutive matches into ranges.
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/unicode.h>
 
 #include <algorithm>
 

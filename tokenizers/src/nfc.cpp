@@ -7,7 +7,7 @@
 // except Hangul syllables (computed below), with `compose` set when
 // unicodedata.normalize("NFC", first + second) gives the character back, i.e. when
 // it is a primary composite (not excluded from composition).
-#include <flex/models/tokenizer_unicode.h>
+#include <flex/tokenizers/unicode.h>
 
 #include <algorithm>
 #include <unordered_map>

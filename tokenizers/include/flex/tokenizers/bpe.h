@@ -3,8 +3,8 @@
 // first, then normalizer -> pre-tokenizer -> BPE model -> post-processor; decode
 // runs the decoder steps. The components GPT-2, GPT-NeoX, Llama, Mistral, Qwen2 and
 // Gemma use are implemented; BpeSpec lists them. Most users call load_tokenizer() instead.
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_split.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/split.h>
 
 #include <cstdint>
 #include <mutex>

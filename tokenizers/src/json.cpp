@@ -1,8 +1,8 @@
 // Reading tokenizer.json (Hugging Face tokenizers) and vocab.json + merges.txt.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer_bpe.h>
+#include <flex/tokenizers/bpe.h>
 
-#include <fmt/format.h>
+#include "message.h"
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -17,10 +17,10 @@ using DStep = BpeSpec::DecodeStep;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw IOError(fmt::format("cannot open tokenizer file {}", path));
+  if (!in) throw IOError(cat("cannot open tokenizer file ", path));
   std::ostringstream ss;
   ss << in.rdbuf();
-  if (in.bad()) throw IOError(fmt::format("cannot read tokenizer file {}", path));
+  if (in.bad()) throw IOError(cat("cannot read tokenizer file ", path));
   return ss.str();
 }
 
@@ -28,7 +28,7 @@ json parse_json(const std::string& path) {
   try {
     return json::parse(read_text(path));
   } catch (const json::exception& e) {
-    throw FileFormatError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+    throw FileFormatError(cat(path, ": not valid JSON: ", e.what()));
   }
 }
 
@@ -37,10 +37,10 @@ struct Reader {
   std::string path;
 
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw FileFormatError(fmt::format("{}: {}: {}", path, key, what));
+    throw FileFormatError(cat(path, ": ", key, ": ", what));
   }
   [[noreturn]] void unsupported(const std::string& key, const std::string& what) const {
-    throw UnsupportedError(fmt::format("{}: {}: {}", path, key, what));
+    throw UnsupportedError(cat(path, ": ", key, ": ", what));
   }
   const json& field(const json& obj, const char* name, const std::string& key) const {
     if (!obj.is_object()) fail(key, "expected a JSON object");
@@ -93,7 +93,7 @@ struct Reader {
     if (t == "Sequence") {
       const json& list = field(n, "normalizers", key);
       if (!list.is_array()) fail(key + ".normalizers", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) normalizer(list[i], fmt::format("{}.normalizers[{}]", key, i), spec);
+      for (size_t i = 0; i < list.size(); ++i) normalizer(list[i], cat(key, ".normalizers[", i, "]"), spec);
     } else if (t == "Prepend") {
       spec.normalizer.push_back({NormStep::Kind::Prepend, str(n, "prepend", key), ""});
     } else if (t == "Replace") {
@@ -101,7 +101,7 @@ struct Reader {
     } else if (t == "NFC") {
       spec.normalizer.push_back({NormStep::Kind::NFC, "", ""});
     } else {
-      unsupported(key + ".type", fmt::format("normalizer '{}' is not supported (Sequence, Prepend, Replace, NFC are)", t));
+      unsupported(key + ".type", cat("normalizer '", t, "' is not supported (Sequence, Prepend, Replace, NFC are)"));
     }
   }
 
@@ -112,7 +112,7 @@ struct Reader {
     if (t == "Sequence") {
       const json& list = field(p, "pretokenizers", key);
       if (!list.is_array()) fail(key + ".pretokenizers", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", key, i), spec);
+      for (size_t i = 0; i < list.size(); ++i) pre_tokenizer(list[i], cat(key, ".pretokenizers[", i, "]"), spec);
     } else if (t == "Split") {
       spec.pre_tokenizer.push_back(
           PStep::split_on(split_pattern(p, key), split_behavior(p, key), flag(p, "invert", key, false)));
@@ -123,7 +123,7 @@ struct Reader {
           PStep::metaspace(str(p, "replacement", key), prepend_scheme(p, key), flag(p, "split", key, true)));
     } else {
       unsupported(key + ".type",
-                  fmt::format("pre-tokenizer '{}' is not supported (Sequence, Split, ByteLevel, Metaspace are)", t));
+                  cat("pre-tokenizer '", t, "' is not supported (Sequence, Split, ByteLevel, Metaspace are)"));
     }
   }
 
@@ -134,7 +134,7 @@ struct Reader {
       return SplitPattern::literal(pat["String"].get<std::string>());
     }
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
-      return SplitPattern::regex(pat["Regex"].get<std::string>(), fmt::format("{}: {}.pattern.Regex", path, key));
+      return SplitPattern::regex(pat["Regex"].get<std::string>(), cat(path, ": ", key, ".pattern.Regex"));
     }
     fail(key + ".pattern", "expected {\"String\": ...} or {\"Regex\": ...}");
   }
@@ -146,7 +146,7 @@ struct Reader {
     if (b == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
     if (b == "MergedWithNext") return SplitBehavior::MergedWithNext;
     if (b == "Contiguous") return SplitBehavior::Contiguous;
-    fail(key + ".behavior", fmt::format("'{}' is not Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous", b));
+    fail(key + ".behavior", cat("'", b, "' is not Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
   }
 
   void post_processor(const json& p, const std::string& key, BpeSpec& spec) const {
@@ -156,18 +156,18 @@ struct Reader {
     if (t == "Sequence") {
       const json& list = field(p, "processors", key);
       if (!list.is_array()) fail(key + ".processors", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) post_processor(list[i], fmt::format("{}.processors[{}]", key, i), spec);
+      for (size_t i = 0; i < list.size(); ++i) post_processor(list[i], cat(key, ".processors[", i, "]"), spec);
       return;
     }
     if (t != "TemplateProcessing") {
-      unsupported(key + ".type", fmt::format("post-processor '{}' is not supported (TemplateProcessing, ByteLevel are)", t));
+      unsupported(key + ".type", cat("post-processor '", t, "' is not supported (TemplateProcessing, ByteLevel are)"));
     }
     const json& single = field(p, "single", key);
     const json& specials = field(p, "special_tokens", key);
     if (!single.is_array()) fail(key + ".single", "expected an array");
     bool seen_sequence = false;
     for (size_t i = 0; i < single.size(); ++i) {
-      const std::string k = fmt::format("{}.single[{}]", key, i);
+      const std::string k = cat(key, ".single[", i, "]");
       const json& item = single[i];
       if (item.is_object() && item.contains("Sequence")) {
         if (seen_sequence) fail(k, "the single template has two sequences");
@@ -190,7 +190,7 @@ struct Reader {
     if (t == "Sequence") {
       const json& list = field(d, "decoders", key);
       if (!list.is_array()) fail(key + ".decoders", "expected an array");
-      for (size_t i = 0; i < list.size(); ++i) decoder(list[i], fmt::format("{}.decoders[{}]", key, i), steps);
+      for (size_t i = 0; i < list.size(); ++i) decoder(list[i], cat(key, ".decoders[", i, "]"), steps);
       return;
     } else if (t == "ByteLevel") {
       s.kind = DStep::Kind::ByteLevel;
@@ -208,14 +208,14 @@ struct Reader {
       s.kind = DStep::Kind::Metaspace, s.a = str(d, "replacement", key), s.prepend_scheme = prepend_scheme(d, key);
     } else {
       unsupported(key + ".type",
-                  fmt::format("decoder '{}' is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace are)", t));
+                  cat("decoder '", t, "' is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace are)"));
     }
     steps.push_back(s);
   }
 
   void model(const json& m, BpeSpec& spec) const {
     const std::string t = m.is_object() && m.contains("type") ? type(m, "model") : "BPE";
-    if (t != "BPE") unsupported("model.type", fmt::format("model '{}' is not supported (only BPE)", t));
+    if (t != "BPE") unsupported("model.type", cat("model '", t, "' is not supported (only BPE)"));
     const json& vocab = field(m, "vocab", "model");
     if (!vocab.is_object()) fail("model.vocab", "expected an object of token -> id");
     spec.vocab.reserve(vocab.size());
@@ -227,13 +227,13 @@ struct Reader {
     spec.merges.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       const json& e = merges[i];
-      const std::string k = fmt::format("model.merges[{}]", i);
+      const std::string k = cat("model.merges[", i, "]");
       if (e.is_string()) {
         // "a b": the tokens themselves contain no spaces (spaces are byte-mapped or ▁).
         const std::string s = e.get<std::string>();
         const size_t sp = s.find(' ');
         if (sp == std::string::npos || sp == 0 || sp + 1 == s.size() || s.find(' ', sp + 1) != std::string::npos) {
-          fail(k, fmt::format("'{}' is not two tokens separated by one space", s));
+          fail(k, cat("'", s, "' is not two tokens separated by one space"));
         }
         spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
       } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
@@ -266,7 +266,7 @@ struct Reader {
     if (list.is_null()) return;
     if (!list.is_array()) fail("added_tokens", "expected an array");
     for (size_t i = 0; i < list.size(); ++i) {
-      const std::string k = fmt::format("added_tokens[{}]", i);
+      const std::string k = cat("added_tokens[", i, "]");
       const json& e = list[i];
       AddedToken t;
       t.content = str(e, "content", k);
@@ -323,7 +323,7 @@ BpeSpec read_vocab_merges(const std::string& vocab_path, const std::string& merg
     if (line.empty() || (no == 1 && line.rfind("#version", 0) == 0)) continue;
     const size_t sp = line.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 == line.size() || line.find(' ', sp + 1) != std::string::npos) {
-      throw FileFormatError(fmt::format("{}: line {}: '{}' is not two tokens separated by one space", merges_path, no, line));
+      throw FileFormatError(cat(merges_path, ": line ", no, ": '", line, "' is not two tokens separated by one space"));
     }
     spec.merges.emplace_back(line.substr(0, sp), line.substr(sp + 1));
   }

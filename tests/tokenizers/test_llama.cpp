@@ -3,15 +3,15 @@
 // expected ids are worked out by hand from those files' vocabularies and merge ranks
 // (see tests/data/tokenizers/README.md for the id tables); each comment shows how.
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
-#include <flex/models/tokenizer_bpe.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <flex/tokenizers/bpe.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data_util.h"
 #include "sentencepiece_round_trip.h"
-#include "test_util.h"
 
 using Ids = std::vector<int64_t>;
 
