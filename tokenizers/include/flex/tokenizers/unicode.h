@@ -24,16 +24,18 @@ Utf8Unit decode_utf8(const std::string& s, size_t pos);
 /// Appends the UTF-8 encoding of code point `cp` (<= 0x10FFFF, not a surrogate).
 void append_utf8(std::string& out, uint32_t cp);
 
-/// General category L* (letters), as JavaScript's \p{L} (Unicode 17).
+/// General category L* (letters), in the Unicode version of the generated
+/// tables (unicode_data.h: Python 3.11's unicodedata, Unicode 14, the version of
+/// PCRE2 10.42's \p{L} that the split regexes use).
 bool is_letter(uint32_t cp);
-/// General category N* (numbers), as JavaScript's \p{N} (Unicode 17).
+/// General category N* (numbers), same tables.
 bool is_number(uint32_t cp);
 /// The Unicode White_Space property (what \s means in Oniguruma, which Hugging Face
 /// tokenizers use). It differs from JavaScript's \s only at U+0085 (space here)
 /// and U+FEFF (not space here).
 bool is_whitespace(uint32_t cp);
 
-/// Unicode Normalization Form C of `text` (Unicode 14 data). Invalid UTF-8 bytes
+/// Unicode Normalization Form C of `text` (the same Unicode 14 tables). Invalid UTF-8 bytes
 /// pass through unchanged and block composition across them.
 std::string nfc(const std::string& text);
 
