@@ -19,6 +19,7 @@ order equal counts differently from run to run. Run it twice: no file changes.
 import collections
 import json
 import pathlib
+import random
 import sys
 
 import tokenizers
@@ -412,6 +413,25 @@ def expected(tok, texts):
     return cases
 
 
+def decode_cases(tok, seed, n=40):
+    """Hugging Face's decode of random id lists: byte tokens (byte-fallback runs
+    that are not valid UTF-8), added tokens and others, in any order."""
+    rng = random.Random(seed)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    every = sorted(vocab.values())
+    byte_tokens = sorted(i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")) or every[:260]
+    added_ids = sorted(tok.get_added_tokens_decoder())
+    cases = []
+    for _ in range(n):
+        ids = []
+        for _ in range(rng.randint(1, 10)):
+            r = rng.random()
+            ids.append(rng.choice(byte_tokens) if r < 0.5 else rng.choice(added_ids) if r < 0.65 else rng.choice(every))
+        cases.append({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                      "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
+    return cases
+
+
 README = """# {name}: a stand-in for {title}'s tokenizer.json
 
 Made by `scripts/golden/make_tokenizers.py` (run with
@@ -431,13 +451,16 @@ Only the vocabulary is small; the components around it are the published ones.
 ## expected.json
 
 `{{"tokenizers_version", "vocab_size", "special_ids", "cases": [{{"text", "ids",
-"ids_no_special", "decoded", "decoded_skip_special"}}]}}`: `get_vocab_size(with_added_tokens=True)`,
+"ids_no_special", "decoded", "decoded_skip_special"}}], "decode_cases"}}`: `get_vocab_size(with_added_tokens=True)`,
 `token_to_id` of the tokens `tokenizer_config.json` names, and for each text `encode(text,
 add_special_tokens=True)` and `=False`, and `decode(ids)` of the first with
 `skip_special_tokens` false and true. The texts: ASCII, contractions in both
 cases, digit runs, whitespace runs and newlines, CJK, Hangul, emoji with ZWJ,
 combining marks, Arabic, Devanagari, characters missing from the vocabulary,
 the model's special tokens inside text, and the empty string.
+`decode_cases` (`{{"ids", "decoded", "decoded_skip_special"}}`) are `decode` of
+random id lists (seeded): byte tokens in runs that are not valid UTF-8, added
+tokens and others in any order, as a model's output may be.
 `tokenizer_config.json` names bos/eos/pad/unk as the published one does.
 """
 
@@ -457,7 +480,8 @@ def main():
         specials = {k.replace("_token", ""): tok.token_to_id(v) for k, v in config.items() if v is not None}
         exp = {"tokenizers_version": tokenizers.__version__,
                "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-               "special_ids": specials, "cases": expected(tok, texts)}
+               "special_ids": specials, "cases": expected(tok, texts),
+               "decode_cases": decode_cases(tok, seed=len(name))}
         (folder / "expected.json").write_text(json.dumps(exp, ensure_ascii=False, indent=1) + "\n",
                                               encoding="utf-8")
         (folder / "README.md").write_text(README.format(

@@ -73,6 +73,17 @@ int parse_byte_token(const std::string& t) {
   return v;
 }
 
+constexpr const char* kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
+
+bool valid_utf8(const std::string& s) {
+  for (size_t pos = 0; pos < s.size();) {
+    const unicode::Utf8Unit u = unicode::decode_utf8(s, pos);
+    if (!u.valid) return false;
+    pos += u.len;
+  }
+  return true;
+}
+
 // U+0100.. back to bytes for the byte-level decoder; -1 for other characters.
 const std::vector<int>& byte_level_inverse() {
   static const std::vector<int> inv = [] {
@@ -221,6 +232,16 @@ std::vector<int64_t> BpeTokenizer::encode(const std::string& text, bool add_spec
 }
 
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  return run_decoder(ids, skip_special_tokens, false);
+}
+
+std::string BpeTokenizer::decode_text(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  // What the byte-level decoder leaves invalid, Hugging Face replaces per maximal
+  // subsequence (Rust's from_utf8_lossy), as sanitize_utf8 does.
+  return sanitize_utf8(run_decoder(ids, skip_special_tokens, true));
+}
+
+std::string BpeTokenizer::run_decoder(const std::vector<int64_t>& ids, bool skip_special_tokens, bool hf_text) const {
   std::vector<std::string> toks;
   toks.reserve(ids.size());
   for (int64_t id : ids) {
@@ -260,21 +281,30 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
         for (std::string& t : toks) replace_all(t, step.a, step.b);
         break;
       case K::ByteFallback: {
-        // Runs of <0xNN> tokens become their bytes (kept as they are, even when
-        // they are not valid UTF-8; see sanitize_utf8).
+        // Runs of <0xNN> tokens become their bytes. decode() keeps them as they
+        // are, even when they are not valid UTF-8 (so invalid input round-trips);
+        // Hugging Face puts one U+FFFD per token of such a run instead.
         std::vector<std::string> merged;
-        bool in_bytes = false;
+        size_t run_tokens = 0;  // byte tokens in the run that merged.back() holds
+        const auto close_run = [&] {
+          if (hf_text && run_tokens > 0 && !valid_utf8(merged.back())) {
+            merged.back().clear();
+            for (size_t k = 0; k < run_tokens; ++k) merged.back() += kReplacementChar;
+          }
+          run_tokens = 0;
+        };
         for (std::string& t : toks) {
           const int b = parse_byte_token(t);
           if (b >= 0) {
-            if (!in_bytes) merged.emplace_back();
+            if (run_tokens == 0) merged.emplace_back();
             merged.back() += static_cast<char>(b);
-            in_bytes = true;
+            ++run_tokens;
           } else {
+            close_run();
             merged.push_back(std::move(t));
-            in_bytes = false;
           }
         }
+        close_run();
         toks.swap(merged);
         break;
       }

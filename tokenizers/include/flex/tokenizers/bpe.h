@@ -132,6 +132,7 @@ class BpeTokenizer : public Tokenizer {
 
   std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const override;
+  std::string decode_text(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(const std::string& token) const override;
   std::optional<std::string> id_to_token(int64_t id) const override;
@@ -148,6 +149,8 @@ class BpeTokenizer : public Tokenizer {
   std::vector<Piece> split_added(const std::string& text, bool normalized, bool at_start) const;
   std::string normalize(const std::string& text) const;
   void encode_text(const std::string& text, bool at_start, std::vector<int64_t>& out) const;
+  // `hf_text`: a byte-fallback run that is not valid UTF-8 becomes U+FFFD per token.
+  std::string run_decoder(const std::vector<int64_t>& ids, bool skip_special_tokens, bool hf_text) const;
 
   BpeSpec spec_;
   BpeModel model_;

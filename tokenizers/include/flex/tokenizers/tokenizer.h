@@ -8,8 +8,8 @@
 // Text is UTF-8 in std::string. Invalid UTF-8 is accepted: the bytes are encoded
 // as they are (byte-level BPE or byte fallback) and decode() gives the same bytes
 // back, so encode/decode round-trips any byte string that the normalizer does not
-// change. Hugging Face renders invalid sequences as U+FFFD when it decodes; call
-// sanitize_utf8() on the result to get that.
+// change. Hugging Face renders invalid sequences as U+FFFD when it decodes;
+// decode_text() gives its text exactly.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,6 +40,13 @@ class Tokenizer {
   /// Text of `ids`; skip_special_tokens drops special tokens. An id outside the
   /// vocabulary throws flex::NotFoundError.
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const = 0;
+
+  /// Hugging Face's decode: the text of `ids` as valid UTF-8. Where decode()
+  /// keeps invalid bytes, this has U+FFFD as Hugging Face puts it: one per token
+  /// of a byte-fallback run (<0xNN> tokens in a row) that is not valid UTF-8, its
+  /// valid bytes included; one per maximal invalid subsequence elsewhere (the
+  /// byte-level decoder). The default is sanitize_utf8(decode(...)).
+  virtual std::string decode_text(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const;
 
   /// Size of the id space: one more than the largest id of the vocabulary and the
   /// added tokens (Hugging Face's len(tokenizer)).
