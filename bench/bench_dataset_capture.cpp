@@ -17,7 +17,7 @@
 #include <flex/datasets/capture_dataset.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/models/causal_lm.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <cstring>
 #include <fcntl.h>

@@ -9,20 +9,25 @@ function(flex_unity target)
   endif()
 endfunction()
 
-# flex_add_library(NAME <folder> [DEPS ...])
+# flex_add_library(NAME <folder> [NO_TORCH] [DEPS ...])
 # Creates target flex_<folder> (alias flex::<folder>) from <folder>/src/*.cpp,
 # public headers in <folder>/include, with a precompiled header of the libtorch
-# pieces the sources use.
+# pieces the sources use. NO_TORCH: a library that neither includes nor links
+# libtorch (flex_base_core instead of flex_base, no precompiled torch header).
 function(flex_add_library)
-  cmake_parse_arguments(A "" "NAME" "SOURCES;DEPS;PCH" ${ARGN})
+  cmake_parse_arguments(A "NO_TORCH" "NAME" "SOURCES;DEPS;PCH" ${ARGN})
   set(t flex_${A_NAME})
+  set(base flex_base)
+  if(A_NO_TORCH)
+    set(base flex_base_core)
+  endif()
   file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cpp)
   if(NOT srcs AND NOT A_SOURCES)
     # A layer with headers only (so far).
     add_library(${t} INTERFACE)
     add_library(flex::${A_NAME} ALIAS ${t})
     target_include_directories(${t} INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>)
-    target_link_libraries(${t} INTERFACE flex_base ${A_DEPS})
+    target_link_libraries(${t} INTERFACE ${base} ${A_DEPS})
     return()
   endif()
   add_library(${t} SHARED ${srcs} ${A_SOURCES})
@@ -32,8 +37,8 @@ function(flex_add_library)
   target_include_directories(${t} PUBLIC
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:include>)
-  target_link_libraries(${t} PUBLIC flex_base ${A_DEPS})
-  if(FLEX_USE_PCH)
+  target_link_libraries(${t} PUBLIC ${base} ${A_DEPS})
+  if(FLEX_USE_PCH AND NOT A_NO_TORCH)
     if(A_PCH)
       target_precompile_headers(${t} PRIVATE ${A_PCH})
     else()
@@ -51,11 +56,14 @@ endfunction()
 # cores. COST (seconds, a guess) makes a parallel ctest start the long ones
 # first. The failing case's name is in the output ctest prints on failure;
 # run one case with --gtest_filter.
+#
+# NO_TORCH: a test of a library without libtorch; it does not reuse the tests'
+# precompiled torch header, so nothing of libtorch reaches it.
 function(flex_add_test name)
-  cmake_parse_arguments(A "" "SHARDS;COST" "SOURCES;DEPS;LABELS;ENV" ${ARGN})
+  cmake_parse_arguments(A "NO_TORCH" "SHARDS;COST" "SOURCES;DEPS;LABELS;ENV" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} flex_test_common GTest::gtest GTest::gtest_main)
-  if(FLEX_USE_PCH)
+  if(FLEX_USE_PCH AND NOT A_NO_TORCH)
     target_precompile_headers(${name} REUSE_FROM flex_test_pch)
   endif()
   if(NOT A_SHARDS)

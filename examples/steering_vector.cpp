@@ -11,7 +11,7 @@
 #include <flex/flexcore/flex_model.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/generate.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 

@@ -2,7 +2,7 @@
 // input; a tokenizer that loads must encode and decode a fixed text.
 #include "fuzz_util.h"
 
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <filesystem>
 

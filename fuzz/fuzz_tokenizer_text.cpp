@@ -4,7 +4,7 @@
 // arbitrary ids; sanitize_utf8.
 #include "fuzz_util.h"
 
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <cstring>
 

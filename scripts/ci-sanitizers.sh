@@ -28,7 +28,7 @@ bash "$root/scripts/install-deps.sh" --tests
 
 asan_tests=${FLEX_ASAN_TESTS:-"hooks_hooks hooks_module hooks_value
   dispatch_safetensors dispatch_checkpoint dispatch_offload_folder dispatch_sharded_writer dispatch_device_map
-  flexcore_flex_model flexcore_streaming_sink models_tokenizer_errors models_tokenizer_gpt2 models_loading
+  flexcore_flex_model flexcore_streaming_sink tokenizers_errors tokenizers_gpt2 models_loading
   reliability_bad_inputs reliability_crash_safe_writes reliability_threads reliability_fuzz_regressions
   datasets_capture_dataset flexcore_capture_by_reference"}
 tsan_tests=${FLEX_TSAN_TESTS:-"reliability_threads parallel_local_comm flexcore_streaming_sink datasets_capture_dataset"}

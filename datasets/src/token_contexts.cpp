@@ -2,7 +2,7 @@
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

@@ -15,7 +15,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
 #include <flex/models/config.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include "test_util.h"
 

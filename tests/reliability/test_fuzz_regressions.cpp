@@ -8,7 +8,7 @@
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/config.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <nlohmann/json.hpp>
 

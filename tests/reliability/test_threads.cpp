@@ -8,7 +8,7 @@
 #include <flex/flexcore/streaming_sink.h>
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/nn.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include "test_util.h"
 

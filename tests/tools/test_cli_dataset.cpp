@@ -8,7 +8,7 @@
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/dispatch/safetensors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -11,7 +11,7 @@
 #include <flex/dispatch/offload_folder.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/models/generate.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -9,7 +9,7 @@
 #include <flex/flexcore/streaming_sink.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 

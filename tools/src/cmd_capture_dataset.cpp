@@ -7,7 +7,7 @@
 #include <flex/dispatch/batch_size.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 

@@ -8,7 +8,7 @@
 #include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 

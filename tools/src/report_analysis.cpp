@@ -10,7 +10,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 #include <flex/models/from_pretrained.h>
-#include <flex/models/tokenizer.h>
+#include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
 
