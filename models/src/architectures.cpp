@@ -32,7 +32,9 @@ Architecture decoder_entry(const std::string& model_type, const Arch& arch) {
   a.causal_lm_class = arch.cls("ForCausalLM");
   a.block_class = arch.cls("DecoderLayer");
   a.names = {"model", "embed_tokens", "", "", "layers", "norm", "lm_head", "", "self_attn"};
-  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies) a.names.rotary = "rotary_emb";
+  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies ||
+      arch.rope == Arch::Rope::ModelPerLayerType)
+    a.names.rotary = "rotary_emb";
   return a;
 }
 
@@ -259,17 +261,12 @@ void default_layer_types(ModelConfig& c, int64_t period) {
 // rope_local_base_freq), embeddings scaled inside embed_tokens, soft-caps
 // only where the config asks.
 Architecture gemma3_text() {
-  Arch d;
+  Arch d = *gemma2().decoder;
   d.prefix = "Gemma3";
   d.rope = Arch::Rope::ModelPerLayerType;
-  d.norms = Arch::Norms::Sandwich;
   d.qk_norm = Arch::QKNorm::PerHead;
-  d.norm_scale = RMSNorm::Scale::OnePlusWeight;
-  d.scale_embeddings = true;
   d.scaled_embedding_class = "Gemma3TextScaledWordEmbedding";
-  d.multiply_scale = true;
   Architecture a = decoder_entry("gemma3_text", d);
-  a.names.rotary = "rotary_emb";
   a.defaults.max_position_embeddings = 131072;
   a.defaults.head_dim = 256;
   a.defaults.tie_word_embeddings = true;
@@ -295,14 +292,10 @@ Architecture gemma3_text() {
 // OLMo 2 with sliding windows on the layers layer_types names (default: all
 // but every 4th) and RoPE per layer type (legacy rope_scaling: full layers).
 Architecture olmo3() {
-  Arch d;
+  Arch d = *olmo2().decoder;
   d.prefix = "Olmo3";
   d.rope = Arch::Rope::ModelPerLayerType;
-  d.norms = Arch::Norms::Post;
-  d.qk_norm = Arch::QKNorm::Projection;
-  d.norm_scale = RMSNorm::Scale::WeightThenCast;
   Architecture a = decoder_entry("olmo3", d);
-  a.names.rotary = "rotary_emb";
   a.defaults.norm_eps = 1e-5;
   a.defaults.rope_theta = 500000.0;
   a.read_config = [](const ConfigReader& r, ModelConfig& c) {
@@ -319,11 +312,8 @@ Architecture olmo3() {
 // Qwen3's attention with Qwen2-MoE's sparse block minus the shared expert:
 // 128 experts, top-8, norm_topk_prob, decoder_sparse_step, mlp_only_layers.
 Architecture qwen3_moe() {
-  Arch d;
+  Arch d = *qwen3().decoder;
   d.prefix = "Qwen3Moe";
-  d.rope = Arch::Rope::Model;
-  d.qk_norm = Arch::QKNorm::PerHead;
-  d.multiply_scale = true;
   d.expert.cls = "Qwen3MoeMLP";
   Architecture a = decoder_entry("qwen3_moe", d);
   a.defaults.max_position_embeddings = 32768;

@@ -324,11 +324,10 @@ std::vector<Value> DecoderModel::position_embeddings(const at::Tensor& hidden, c
   if (arch_.rope != Arch::Rope::ModelPerLayerType) return {call(Inputs{hidden, position_ids})};
   // One call per layer type present, full before sliding (Transformers
   // iterates a set of the type names, so its order is not fixed).
+  const auto& by_type = static_cast<const LayerTypeRotaryEmbedding&>(*rotary_emb);
   Value full, sliding;
-  bool any_full = false, any_sliding = false;
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) (cfg_.layer_sliding_type(i) ? any_sliding : any_full) = true;
-  if (any_full) full = call(Inputs{hidden, position_ids, Value(std::string("full_attention"))});
-  if (any_sliding) sliding = call(Inputs{hidden, position_ids, Value(std::string("sliding_attention"))});
+  if (by_type.has_type(false)) full = call(Inputs{hidden, position_ids, Value(std::string("full_attention"))});
+  if (by_type.has_type(true)) sliding = call(Inputs{hidden, position_ids, Value(std::string("sliding_attention"))});
   std::vector<Value> per_layer;
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) per_layer.push_back(cfg_.layer_sliding_type(i) ? sliding : full);
   return per_layer;

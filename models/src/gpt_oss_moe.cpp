@@ -1,10 +1,10 @@
 // gpt-oss's MoE MLP (gpt_oss_moe.h) in Transformers 5.23's order of calls and
 // arithmetic.
 #include "common.h"
+#include "expert_routing.h"
 
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
-#include <flex/hooks/token_rows.h>
 #include <flex/models/gpt_oss_moe.h>
 
 #include <ATen/ATen.h>
@@ -47,14 +47,10 @@ Value GptOssExperts::forward(Inputs inputs) {
   const at::Tensor& x = inputs.tensor(0);
   const at::Tensor& selected = inputs.tensor(1);
   const at::Tensor& weights = inputs.tensor(2);
-  const int64_t n = x.size(0);
   at::Tensor out = at::zeros_like(x);
-  const at::Tensor by_slot = selected.t();  // [k, N]: (slot, token) pairs slot-major, as torch.where gives them
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const at::Tensor hits = by_slot.eq(e).nonzero();
-    if (hits.size(0) == 0) continue;
-    const at::Tensor slot = hits.select(1, 0), token = hits.select(1, 1);
-    ScopedTokenRows rows({token, slot, n});
+  // Only the experts some token chose run (Transformers' expert_hit).
+  detail::for_each_routed_expert(selected, num_experts, /*skip_unused=*/true, [&](int64_t e, const at::Tensor& token,
+                                                                                  const at::Tensor& slot) {
     at::Tensor gu = at::matmul(x.index_select(0, token), gate_up_proj[e]) + gate_up_proj_bias[e];
     at::Tensor gate = gu.slice(-1, 0, gu.size(-1), 2).clamp_max(limit);
     at::Tensor up = gu.slice(-1, 1, gu.size(-1), 2).clamp(-limit, limit);
@@ -62,7 +58,7 @@ Value GptOssExperts::forward(Inputs inputs) {
     at::Tensor y = at::matmul((up + 1) * glu, down_proj[e]) + down_proj_bias[e];
     y = y * at::index(weights, {token, slot}).unsqueeze(1);
     out.index_add_(0, token, y.to(x.scalar_type()));
-  }
+  });
   return out;
 }
 
@@ -83,11 +79,7 @@ Value GptOssMLP::forward(Inputs inputs) {
   const at::Tensor logits = detail::first_tensor((*router)(flat), router->class_name());
   at::Tensor selected = std::get<1>(at::topk(logits, top_k, -1));
   selected = detail::first_tensor((*hook_selected_experts)(selected), "hook_selected_experts");
-  if (selected.dim() != 2 || selected.size(0) != n || selected.size(1) != top_k || selected.scalar_type() != at::kLong)
-    throw ShapeError(class_name() + ": hook_selected_experts must stay a [" + std::to_string(n) + ", " +
-                     std::to_string(top_k) + "] int64 tensor of expert ids");
-  if (n > 0 && (selected.min().item<int64_t>() < 0 || selected.max().item<int64_t>() >= e))
-    throw ShapeError(class_name() + ": hook_selected_experts holds an expert id outside [0, " + std::to_string(e) + ")");
+  detail::check_selected_experts(selected, n, top_k, e, class_name());
   // Unedited, the gathered logits are topk's values exactly.
   const at::Tensor weights = at::softmax(logits.gather(1, selected), 1);
   at::Tensor y = detail::first_tensor((*experts)(Inputs{flat, selected, weights}), experts->class_name());

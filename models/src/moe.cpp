@@ -1,9 +1,9 @@
 // Sparse mixture-of-experts block (moe.h), in Transformers 4.47's order of
 // calls and arithmetic, so captures and logits match it bit for bit.
 #include "common.h"
+#include "expert_routing.h"
 
 #include <flex/hooks/errors.h>
-#include <flex/hooks/token_rows.h>
 #include <flex/models/moe.h>
 
 #include <ATen/ATen.h>
@@ -48,12 +48,7 @@ Value SparseMoeBlock::forward(Inputs inputs) {
   const at::Tensor probs = at::softmax(logits, 1, at::kFloat);
   at::Tensor selected = std::get<1>(at::topk(probs, top_k_, -1));
   selected = (*hook_selected_experts)(selected);
-  if (selected.dim() != 2 || selected.size(0) != n || selected.size(1) != top_k_ || selected.scalar_type() != at::kLong)
-    throw ShapeError(class_name() + ": hook_selected_experts must stay a [" + std::to_string(n) + ", " +
-                     std::to_string(top_k_) + "] int64 tensor of expert ids");
-  if (n > 0 && (selected.min().item<int64_t>() < 0 || selected.max().item<int64_t>() >= num_experts_))
-    throw ShapeError(class_name() + ": hook_selected_experts holds an expert id outside [0, " +
-                     std::to_string(num_experts_) + ")");
+  detail::check_selected_experts(selected, n, top_k_, num_experts_, class_name());
   // The top-k probabilities are the softmax entries of the chosen experts, so
   // gathering them gives topk's values exactly, and an edited choice its own.
   at::Tensor weights = probs.gather(1, selected);
@@ -62,18 +57,15 @@ Value SparseMoeBlock::forward(Inputs inputs) {
   if (weights_transform) weights = weights_transform(weights);
 
   at::Tensor out = at::zeros({n, c}, x.options());
-  const at::Tensor by_slot = selected.t();  // [k, N]: nonzero() lists (slot, token) slot-major
-  for (int64_t e = 0; e < num_experts_; ++e) {
-    const at::Tensor hits = by_slot.eq(e).nonzero();
-    const at::Tensor slot = hits.select(1, 0), token = hits.select(1, 1);
-    // Where each row belongs (b * T + t, and which choice of the token it
-    // is), for captures inside the expert, over data-parallel ranks too.
-    ScopedTokenRows rows({token, slot, n});
-    const auto& expert = (*experts)[static_cast<size_t>(e)];
-    at::Tensor y = first_tensor((*expert)(Inputs{Value(flat.index_select(0, token))}), expert->class_name());
-    y = y * at::index(weights, {token, slot}).unsqueeze(1);
-    out.index_add_(0, token, y.to(x.scalar_type()));
-  }
+  // Every expert is called, with no rows where none chose it (as 4.47 does).
+  detail::for_each_routed_expert(selected, num_experts_, /*skip_unused=*/false,
+                                 [&](int64_t e, const at::Tensor& token, const at::Tensor& slot) {
+                                   const auto& expert = (*experts)[static_cast<size_t>(e)];
+                                   at::Tensor y = first_tensor((*expert)(Inputs{Value(flat.index_select(0, token))}),
+                                                               expert->class_name());
+                                   y = y * at::index(weights, {token, slot}).unsqueeze(1);
+                                   out.index_add_(0, token, y.to(x.scalar_type()));
+                                 });
   if (shared_expert) {
     at::Tensor shared = first_tensor((*shared_expert)(Inputs{flat}), shared_expert->class_name());
     shared = at::sigmoid((*shared_expert_gate)(flat)) * shared;

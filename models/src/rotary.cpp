@@ -121,20 +121,17 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::compute(const at::Tensor& x, 
       max_seq_len_cached_ = cfg_.max_position_embeddings;
     }
   }
-  double scale = 1.0;
   if (cfg_.rope_scaling.rope_type == "longrope") {
     // Short or long factors by the length the positions reach (as Phi-3 does
-    // per call), and cos/sin scaled by the attention factor.
+    // per call); cos/sin are scaled by the attention factor.
     const int64_t seq_len = position_ids.numel() ? position_ids.max().item<int64_t>() + 1 : 0;
     const bool want_long = seq_len > cfg_.rope_scaling.original_max_position_embeddings;
     if (want_long != (max_seq_len_cached_ > cfg_.rope_scaling.original_max_position_embeddings)) {
       set_tensor("inv_freq", rope_inv_freq(cfg_, dim, seq_len).to(inv_freq.device()));
       max_seq_len_cached_ = want_long ? seq_len : 0;
     }
-    scale = cfg_.rope_scaling.attention_factor;
   }
-  if (cfg_.rope_scaling.rope_type == "yarn") scale = cfg_.rope_scaling.attention_factor;
-  return rope_cos_sin(inv_freq, position_ids, x, scale);
+  return rope_cos_sin(inv_freq, position_ids, x, cfg_.rope_scaling.cos_sin_scale());
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
@@ -150,17 +147,10 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const
 // ---------------------------------------------------------------------------
 // One rotary module, a setting per layer type
 
-namespace {
-double cos_sin_scale(const RopeScaling& s) {
-  return s.rope_type == "yarn" || s.rope_type == "longrope" ? s.attention_factor : 1.0;
-}
-}  // namespace
 
 LayerTypeRotaryEmbedding::LayerTypeRotaryEmbedding(std::string class_name, const ModelConfig& cfg, int64_t d)
     : Module(std::move(class_name)), dim(d), cfg_(cfg) {
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) (cfg.layer_sliding_type(i) ? has_sliding_ : has_full_) = true;
-  full_scale_ = cos_sin_scale(cfg.rope_scaling);
-  sliding_scale_ = cos_sin_scale(cfg.with_sliding_rope().rope_scaling);
   // Transformers registers the types in sorted order: full, then sliding.
   if (has_full_) add_buffer("full_attention_inv_freq", full_inv_freq, rope_inv_freq(cfg_, dim), false);
   if (has_sliding_)
@@ -175,11 +165,12 @@ void LayerTypeRotaryEmbedding::reset_buffers(const at::Device& device) {
 std::pair<at::Tensor, at::Tensor> LayerTypeRotaryEmbedding::compute(const at::Tensor& x, const at::Tensor& position_ids,
                                                                     bool sliding) {
   const at::Tensor& inv = sliding ? sliding_inv_freq : full_inv_freq;
-  if (!(sliding ? has_sliding_ : has_full_))
+  if (!has_type(sliding))
     throw NotFoundError(class_name() + ": the model has no " + (sliding ? "sliding" : "full") + "-attention layer");
   if (inv.is_meta())
     throw UnsupportedError(class_name() + ": inv_freq is on the meta device; load the model (or call reset_buffers) first");
-  return rope_cos_sin(inv, position_ids, x, sliding ? sliding_scale_ : full_scale_);
+  const RopeScaling& s = sliding && cfg_.sliding_rope ? cfg_.sliding_rope->scaling : cfg_.rope_scaling;
+  return rope_cos_sin(inv, position_ids, x, s.cos_sin_scale());
 }
 
 Value LayerTypeRotaryEmbedding::forward(Inputs inputs) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -30,6 +31,22 @@ inline nlohmann::json golden_json(const std::string& golden) {
 inline std::shared_ptr<flex::SafetensorsFile> golden_tensors(const std::string& golden) {
   return flex::SafetensorsFile::open(flex_test::fixture("golden/" + golden + ".safetensors"));
 }
+/// tests/data/golden5/<rel>: the Transformers 5.23 goldens.
+inline std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }
+/// The case names of a golden5 manifest ("manifest.json", "manifest_zoo3.json").
+inline std::vector<std::string> golden5_cases(const std::string& manifest) {
+  std::vector<std::string> out;
+  const auto m = read_json(golden5(manifest));
+  for (auto& [name, info] : m["cases"].items()) out.push_back(name);
+  return out;
+}
+/// Rows [B * T, ...] of `t` [B, T, ...] where `mask` [B, T] is 1 (what the
+/// goldens compare: left padding is left out).
+inline at::Tensor kept(const at::Tensor& t, const at::Tensor& mask) {
+  const at::Tensor rows = mask.flatten().nonzero().squeeze(1);
+  return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows);
+}
+
 inline at::Tensor golden_inputs() {
   return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
 }

@@ -12,23 +12,10 @@
 
 using namespace flex;
 using models_test::close;
+using models_test::golden5;
+using models_test::kept;
 
 namespace {
-
-std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }
-
-std::vector<std::string> case_names() {
-  std::vector<std::string> out;
-  const auto manifest = models_test::read_json(golden5("manifest.json"));
-  for (auto& [name, info] : manifest["cases"].items()) out.push_back(name);
-  return out;
-}
-
-/// Rows [B * T, ...] of `t` [B, T, ...] where `mask` [B, T] is 1.
-at::Tensor kept(const at::Tensor& t, const at::Tensor& mask) {
-  const at::Tensor rows = mask.flatten().nonzero().squeeze(1);
-  return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows);
-}
 
 class Golden5 : public ::testing::TestWithParam<std::string> {};
 
@@ -65,7 +52,7 @@ TEST_P(Golden5, LogitsAndBlocksMatchTransformers5) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers5, Golden5, ::testing::ValuesIn(case_names()),
+INSTANTIATE_TEST_SUITE_P(Transformers5, Golden5, ::testing::ValuesIn(models_test::golden5_cases("manifest.json")),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

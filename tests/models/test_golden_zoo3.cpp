@@ -16,31 +16,16 @@
 
 using namespace flex;
 using models_test::close;
+using models_test::golden5;
+using models_test::kept;
 
 namespace {
-
-std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }
-
-nlohmann::json manifest() { return models_test::read_json(golden5("manifest_zoo3.json")); }
-
-std::vector<std::string> case_names() {
-  std::vector<std::string> out;
-  const auto m = manifest();  // kept alive for the loop
-  for (auto& [name, info] : m["cases"].items()) out.push_back(name);
-  return out;
-}
-
-/// Rows [B * T, ...] of `t` [B, T, ...] where `mask` [B, T] is 1.
-at::Tensor kept(const at::Tensor& t, const at::Tensor& mask) {
-  const at::Tensor rows = mask.flatten().nonzero().squeeze(1);
-  return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows);
-}
 
 class GoldenZoo3 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
   const std::string name = GetParam();
-  const auto m = manifest();
+  const auto m = models_test::read_json(golden5("manifest_zoo3.json"));
   ASSERT_EQ(m["transformers"], "5.23.0");
   const auto& info = m["cases"][name];
   const std::string type = models_test::read_json(golden5(name + "/config.json"))["model_type"];
@@ -90,7 +75,7 @@ TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers5, GoldenZoo3, ::testing::ValuesIn(case_names()),
+INSTANTIATE_TEST_SUITE_P(Transformers5, GoldenZoo3, ::testing::ValuesIn(models_test::golden5_cases("manifest_zoo3.json")),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

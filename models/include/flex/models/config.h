@@ -33,6 +33,9 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 0.0, mscale_all_dim = 0.0;
   bool truncate = true;
+
+  /// The factor on cos and sin: the attention factor for longrope and yarn, else 1.
+  double cos_sin_scale() const { return rope_type == "yarn" || rope_type == "longrope" ? attention_factor : 1.0; }
 };
 
 /// A RoPE base and scaling: the model's, or one layer type's where they differ.

@@ -71,6 +71,8 @@ class LayerTypeRotaryEmbedding : public Module, public ComputedBuffers {
   Value forward(Inputs inputs) override;
   std::pair<at::Tensor, at::Tensor> compute(const at::Tensor& x, const at::Tensor& position_ids, bool sliding);
   void reset_buffers(const at::Device& device) override;
+  /// Whether the model has a layer of that type (so a buffer for it).
+  bool has_type(bool sliding) const { return sliding ? has_sliding_ : has_full_; }
 
   at::Tensor full_inv_freq, sliding_inv_freq;
   int64_t dim;
@@ -78,7 +80,6 @@ class LayerTypeRotaryEmbedding : public Module, public ComputedBuffers {
  private:
   ModelConfig cfg_;
   bool has_full_ = false, has_sliding_ = false;
-  double full_scale_ = 1.0, sliding_scale_ = 1.0;  // yarn's attention factor on cos/sin
 };
 
 /// Mixtral's rotary module in Transformers 4.47: cos/sin tables for every
