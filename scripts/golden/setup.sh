@@ -12,8 +12,8 @@ if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != 
   python3 -m pip install --quiet "torch==$torch_version" >&2
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-want="transformers==5.23.0 accelerate==1.15.0 safetensors tokenizers"
-if ! "$venv/bin/python" -c "import transformers, accelerate, sys; sys.exit(transformers.__version__ != '5.23.0' or accelerate.__version__ != '1.15.0')" 2>/dev/null; then
+want="transformers==5.23.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.3"
+if ! "$venv/bin/python" -c "import transformers, accelerate, safetensors, tokenizers, sys; sys.exit((transformers.__version__, accelerate.__version__, safetensors.__version__, tokenizers.__version__) != ('5.23.0', '1.15.0', '0.8.0', '0.23.3'))" 2>/dev/null; then
   "$venv/bin/python" -m pip install --quiet $want "torch==$torch_version" >&2
 fi
 echo "$venv/bin/python"
