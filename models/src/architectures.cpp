@@ -385,12 +385,139 @@ Architecture gpt_oss() {
   return a;
 }
 
+// DeepSeek's multi-head latent attention (q_a/q_b low-rank with its norm, or
+// a plain q_proj; kv_a_proj_with_mqa -> [latent | shared rope key],
+// kv_a_layernorm, kv_b_proj -> [k_nope | v] per head), read into cfg.mla.
+void read_latent_attention(const ConfigReader& r, ModelConfig& c, bool rope_interleave_default) {
+  auto& m = c.mla;
+  m.q_lora_rank = r.int_or("q_lora_rank", 1536);  // null: a plain q_proj
+  if (!r.find("q_lora_rank") && r.j.contains("q_lora_rank")) m.q_lora_rank = 0;
+  m.kv_lora_rank = r.int_or("kv_lora_rank", 512);
+  m.qk_nope_head_dim = r.int_or("qk_nope_head_dim", 128);
+  m.qk_rope_head_dim = r.int_or("qk_rope_head_dim", 64);
+  m.v_head_dim = r.int_or("v_head_dim", 128);
+  m.rope_interleave = r.bool_or("rope_interleave", rope_interleave_default);
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"kv_lora_rank", m.kv_lora_rank},
+                          {"qk_nope_head_dim", m.qk_nope_head_dim}, {"v_head_dim", m.v_head_dim}})
+    if (v <= 0 || v > (int64_t{1} << 20)) r.fail(field, "must be between 1 and 2^20, got " + std::to_string(v));
+  if (m.q_lora_rank < 0 || m.q_lora_rank > (int64_t{1} << 20)) r.fail("q_lora_rank", "must be positive or null");
+  if (m.qk_rope_head_dim <= 0 || m.qk_rope_head_dim % 2 != 0)
+    r.fail("qk_rope_head_dim", "must be positive and even, got " + std::to_string(m.qk_rope_head_dim));
+  c.head_dim = m.qk_rope_head_dim;  // the rotary module's width, as Transformers sets it
+  if (c.num_key_value_heads != c.num_attention_heads)
+    r.fail("num_key_value_heads", "must equal num_attention_heads for latent attention (every head has its keys)");
+}
+
+// DeepSeek's mixture of experts: n_routed_experts routed experts plus
+// n_shared_experts always-on ones (one MLP of moe_intermediate * n_shared),
+// groups, routed_scaling_factor, dense first layers; `d` holds Transformers'
+// defaults for the fields a config leaves out.
+struct DeepseekMoeDefaults {
+  detail::ExpertFields experts;
+  int64_t n_shared = 1, first_dense = 0, n_group = 1, topk_group = 1;
+  double scaling = 1.0;
+};
+void read_deepseek_experts(const ConfigReader& r, ModelConfig& c, const DeepseekMoeDefaults& d) {
+  detail::read_experts(r, c, d.experts);
+  const int64_t shared = r.int_or("n_shared_experts", d.n_shared);
+  if (shared < 0) r.fail("n_shared_experts", "must not be negative");
+  c.shared_expert_intermediate_size = c.moe_intermediate_size * shared;
+  c.routed_scaling_factor = r.number_or("routed_scaling_factor", d.scaling);
+  c.first_k_dense_replace = r.int_or("first_k_dense_replace", d.first_dense);
+  if (c.first_k_dense_replace < 0) r.fail("first_k_dense_replace", "must not be negative");
+  c.n_group = r.int_or("n_group", d.n_group);
+  c.topk_group = r.int_or("topk_group", d.topk_group);
+  if (c.n_group <= 0 || c.num_experts % c.n_group != 0)
+    r.fail("n_group", "must divide n_routed_experts (" + std::to_string(c.num_experts) + "), got " +
+                          std::to_string(c.n_group));
+  if (c.topk_group <= 0 || c.topk_group > c.n_group)
+    r.fail("topk_group", "must be between 1 and n_group (" + std::to_string(c.n_group) + "), got " +
+                             std::to_string(c.topk_group));
+  if (c.num_experts_per_tok > c.topk_group * (c.num_experts / c.n_group))
+    r.fail("num_experts_per_tok", "exceeds the experts of topk_group (" + std::to_string(c.topk_group) + ") groups");
+}
+
+// DeepSeek-V3 (and Kimi-K2): latent attention, YaRN with mscale in the
+// softmax scale, rotated pairs interleaved; MoE layers from
+// first_k_dense_replace with sigmoid scores, e_score_correction_bias for
+// the choice, group-limited top-k (group score: sum of its top 2),
+// normalised weights * routed_scaling_factor, shared experts. Experts keep
+// the checkpoint's per-expert names (Transformers 5 fuses them in memory).
+Architecture deepseek_v3() {
+  Arch d;
+  d.prefix = "DeepseekV3";
+  d.rope = Arch::Rope::Model;
+  d.latent_attention = true;
+  d.routing = Arch::Routing::DeepseekV3;
+  d.expert.cls = "DeepseekV3MLP";
+  d.shared_expert = true;
+  d.shared_expert_name = "shared_experts";
+  d.shared_expert_gated = false;
+  d.router_after_experts = true;
+  d.router_class = "DeepseekV3TopkRouter";
+  d.moe_class = "DeepseekV3MoE";
+  Architecture a = decoder_entry("deepseek_v3", d);
+  a.defaults.max_position_embeddings = 4096;
+  a.defaults.head_dim = 64;
+  a.drop_extra_layers = true;  // the multi-token-prediction layer
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    read_latent_attention(r, c, /*rope_interleave_default=*/true);
+    DeepseekMoeDefaults d;
+    d.experts.count_field = "n_routed_experts", d.experts.count = 256, d.experts.per_token = 8;
+    d.experts.moe_intermediate = 2048, d.experts.shared_expert = false;  // n_shared_experts instead
+    d.n_shared = 1, d.first_dense = 3, d.n_group = 8, d.topk_group = 4, d.scaling = 2.5;
+    read_deepseek_experts(r, c, d);
+    c.norm_topk_prob = r.bool_or("norm_topk_prob", true);
+    const std::string method = r.string_or("topk_method", "noaux_tc");
+    if (method != "noaux_tc") r.fail("topk_method", "'" + method + "' is not DeepSeek-V3's routing (noaux_tc)");
+    const std::string scoring = r.string_or("scoring_func", "sigmoid");
+    if (scoring != "sigmoid") r.fail("scoring_func", "'" + scoring + "' is not DeepSeek-V3's routing (sigmoid)");
+  };
+  return a;
+}
+
+// DeepSeek-V2 (and V2-Lite): V3's latent attention with the rotation on
+// complex pairs (output interleaved) and softmax routing, greedy or
+// group_limited_greedy (group score: its best expert), weights *
+// routed_scaling_factor and never renormalised.
+Architecture deepseek_v2() {
+  Architecture a = deepseek_v3();
+  Arch d = *a.decoder;
+  d.prefix = "DeepseekV2";
+  d.routing = Arch::Routing::DeepseekV2;
+  d.expert.cls = "DeepseekV2MLP";
+  d.router_class = "DeepseekV2TopkRouter";
+  d.moe_class = "DeepseekV2Moe";
+  d.complex_rope = true;
+  a = decoder_entry("deepseek_v2", d);
+  a.defaults.max_position_embeddings = 2048;
+  a.defaults.head_dim = 64;
+  a.drop_extra_layers = true;
+  a.read_config = [](const ConfigReader& r, ModelConfig& c) {
+    read_attention_bias(r, c);
+    read_latent_attention(r, c, /*rope_interleave_default=*/false);
+    DeepseekMoeDefaults d;
+    d.experts.count_field = "n_routed_experts", d.experts.count = 64, d.experts.per_token = 6;
+    d.experts.moe_intermediate = 1407, d.experts.shared_expert = false;
+    d.n_shared = 2;
+    read_deepseek_experts(r, c, d);
+    const std::string method = r.string_or("topk_method", "greedy");
+    if (method != "greedy" && method != "group_limited_greedy")
+      r.fail("topk_method", "'" + method + "' is not supported (greedy, group_limited_greedy)");
+    c.group_limited = method == "group_limited_greedy";
+    c.norm_topk_prob = false;  // Transformers' DeepSeek-V2 router never renormalises
+  };
+  return a;
+}
+
 }  // namespace
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> all = {gpt2(),  llama(), gpt_neox(), mistral(), qwen2(),    qwen3(),
                                                 gemma2(), phi3(), olmo2(),    mixtral(), qwen2_moe(),
-                                                gemma3_text(), gemma3(), olmo3(), qwen3_moe(), gpt_oss()};
+                                                gemma3_text(), gemma3(), olmo3(), qwen3_moe(), gpt_oss(),
+                                                deepseek_v3(), deepseek_v2()};
   return all;
 }
 

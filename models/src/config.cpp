@@ -282,7 +282,7 @@ ModelConfig ModelConfig::with_sliding_rope() const {
 int64_t ModelConfig::rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * rotary_pct); }
 
 bool ModelConfig::layer_is_sparse(int64_t layer) const {
-  if (num_experts <= 0) return false;
+  if (num_experts <= 0 || layer < first_k_dense_replace) return false;
   for (int64_t m : mlp_only_layers)
     if (m == layer) return false;
   return (layer + 1) % decoder_sparse_step == 0;

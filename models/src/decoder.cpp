@@ -8,6 +8,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/decoder.h>
 #include <flex/models/gpt_oss_moe.h>
+#include <flex/models/latent_attention.h>
 #include <flex/models/moe.h>
 
 #include <ATen/ATen.h>
@@ -230,7 +231,10 @@ Value DecoderMLP::forward(Inputs inputs) {
 DecoderLayer::DecoderLayer(const Arch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts)
     : Module(arch.cls("DecoderLayer")), arch_(arch) {
   const int64_t c = cfg.hidden_size;
-  self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
+  if (arch.latent_attention)
+    latent_attn = add("self_attn", std::make_shared<LatentAttention>(arch, cfg, layer_idx, opts));
+  else
+    self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
   if (cfg.layer_is_sparse(layer_idx) && arch.moe == Arch::Moe::GptOss)
     other_moe = add(arch.moe_block, std::make_shared<GptOssMLP>(cfg, opts));
   else if (cfg.layer_is_sparse(layer_idx))
@@ -257,7 +261,8 @@ Value DecoderLayer::forward(Inputs inputs) {
   auto call = detail::read_block_call(inputs, class_name());
   at::Tensor hidden = (*hook_resid_pre)(call.hidden);
   const at::Tensor attn_in = input_layernorm ? (*input_layernorm)(hidden) : hidden;
-  at::Tensor a = first_tensor((*self_attn)(detail::attention_inputs(attn_in, call)), self_attn->class_name());
+  const std::shared_ptr<Module> attn = self_attn ? std::static_pointer_cast<Module>(self_attn) : latent_attn;
+  at::Tensor a = first_tensor((*attn)(detail::attention_inputs(attn_in, call)), attn->class_name());
   if (arch_.norms != Arch::Norms::Pre) a = (*post_attention_layernorm)(a);
   if (resid_attn_dropout) a = (*resid_attn_dropout)(a);
   hidden = (*hook_resid_mid)(hidden + a);

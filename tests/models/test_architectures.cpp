@@ -6,6 +6,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/decoder.h>
 
 #include <gtest/gtest.h>
 
@@ -32,6 +33,10 @@ nlohmann::json small_config(const Architecture& arch) {
                 {"intermediate_size", 32}, {"max_position_embeddings", 16}, {"num_experts", 4},
                 {"num_local_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8},
                 {"shared_expert_intermediate_size", 8}});
+      if (arch.decoder->latent_attention)  // DeepSeek: every head has its keys; small latent sizes
+        j.update({{"num_key_value_heads", 2}, {"n_routed_experts", 4}, {"n_group", 2}, {"topk_group", 1},
+                  {"first_k_dense_replace", 1}, {"q_lora_rank", 8}, {"kv_lora_rank", 8}, {"qk_nope_head_dim", 4},
+                  {"qk_rope_head_dim", 4}, {"v_head_dim", 4}});
       break;
   }
   if (!arch.nested_config.empty()) {  // a multimodal config: the language model's fields in a sub-object
@@ -61,7 +66,9 @@ TEST(Architectures, EveryEntryDescribesTheModelItBuilds) {
     EXPECT_EQ(model->base_model_prefix(), arch.names.base);
     const StageNames& n = arch.names;
     for (const std::string& child : {n.embed, n.pos_embed, n.embed_dropout, n.blocks, n.norm, n.rotary})
-      if (!child.empty()) EXPECT_TRUE(has_module(*model, n.base + "." + child)) << n.base + "." + child;
+      if (!child.empty()) {
+        EXPECT_TRUE(has_module(*model, n.base + "." + child)) << n.base + "." + child;
+      }
     EXPECT_TRUE(has_module(*model, n.head)) << n.head;
     for (int64_t i : {0, 1}) {
       EXPECT_TRUE(has_module(*model, block_name(arch, i))) << block_name(arch, i);

@@ -115,10 +115,14 @@ int run_inspect(const std::vector<std::string>& argv) {
     nlohmann::ordered_json j;
     j["architecture"] = model->class_name();
     j["num_parameters"] = nparams;
+    // Names are unique: appended without ordered_json's linear key search
+    // (quadratic over DeepSeek-V3's ~150,000 modules).
     nlohmann::ordered_json ms = nlohmann::ordered_json::object();
+    auto& entries = ms.get_ref<nlohmann::ordered_json::object_t&>();
+    entries.reserve(sizes.items().size());
     for (const auto& [name, bytes] : sizes.items()) {
-      if (bytes == static_cast<double>(static_cast<int64_t>(bytes))) ms[name] = static_cast<int64_t>(bytes);
-      else ms[name] = bytes;
+      if (bytes == static_cast<double>(static_cast<int64_t>(bytes))) entries.emplace_back(name, static_cast<int64_t>(bytes));
+      else entries.emplace_back(name, bytes);
     }
     j["module_sizes"] = ms;
     j["tied_parameters"] = tied;

@@ -96,6 +96,23 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;          // Qwen2-MoE: layer i is sparse iff (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;     // ... and i is not listed here
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;  // gpt-oss experts' clamped SwiGLU
+  // DeepSeek routing: experts in n_group groups, tokens routed within the
+  // topk_group best groups (1 / 1: no grouping), weights * routed_scaling_factor;
+  // the first first_k_dense_replace layers are dense.
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool group_limited = false;  // DeepSeek-V2's topk_method: group_limited_greedy (true) or greedy
+  int64_t first_k_dense_replace = 0;
+
+  /// Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0 = off).
+  /// head_dim is then qk_rope_head_dim (what the rotary module rotates).
+  struct LatentAttention {
+    int64_t q_lora_rank = 0;  // 0: a plain q_proj
+    int64_t kv_lora_rank = 0;
+    int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+    bool rope_interleave = false;  // DeepSeek-V3: rotated pairs (2i, 2i+1), output de-interleaved
+    int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  } mla;
 
   std::optional<int64_t> bos_token_id, pad_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id may be one id or a list

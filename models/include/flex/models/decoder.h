@@ -96,6 +96,28 @@ struct DecoderArch {
   /// head in every softmax row (gpt-oss).
   bool attention_sinks = false;
 
+  /// DeepSeek's sparse blocks (SparseMoeBlock, moe.h). How the experts are
+  /// chosen and weighted: softmax top-k (Mixtral, Qwen), DeepSeek-V2 (softmax,
+  /// optionally limited to the best groups by their best expert, weights *
+  /// routed_scaling_factor), DeepSeek-V3 (sigmoid scores, + e_score_correction_bias
+  /// for the choice only, groups ranked by their top-2 sum, weights
+  /// renormalised where norm_topk_prob, * routed_scaling_factor).
+  enum class Routing { Softmax, DeepseekV2, DeepseekV3 };
+  Routing routing = Routing::Softmax;
+  std::string moe_class;      // the block's class; empty: <prefix>SparseMoeBlock
+  std::string router_class;   // the gate's class (a router in float32); empty: a Linear
+  bool router_after_experts = false;  // registration order experts, gate, shared (DeepSeek)
+  std::string shared_expert_name = "shared_expert";  // "shared_experts" (DeepSeek)
+  bool shared_expert_gated = true;  // sigmoid(shared_expert_gate(x)) * shared (Qwen2-MoE)
+
+  /// DeepSeek's multi-head latent attention (LatentAttention,
+  /// flex/models/latent_attention.h) instead of DecoderAttention; the config's
+  /// mla fields give its sizes. `complex_rope`: its rotation multiplies
+  /// (2i, 2i+1) pairs as complex numbers and keeps them interleaved
+  /// (DeepSeek-V2); otherwise config.mla.rope_interleave decides.
+  bool latent_attention = false;
+  bool complex_rope = false;
+
   std::string cls(const std::string& suffix) const { return prefix + suffix; }
   /// The dense MLP's names (activation child act_name).
   GatedMLPNames mlp_names() const {
@@ -151,6 +173,7 @@ class DecoderMLP : public Module {
 };
 
 class SparseMoeBlock;
+class LatentAttention;
 
 /// An embedding that multiplies its rows by a scale (non-persistent buffer
 /// embed_scale, cast to the weight's dtype first): Gemma 3's embed_tokens.
@@ -165,7 +188,8 @@ class DecoderLayer : public Module {
  public:
   DecoderLayer(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
-  std::shared_ptr<DecoderAttention> self_attn;
+  std::shared_ptr<DecoderAttention> self_attn;     // null where the attention is latent ...
+  std::shared_ptr<LatentAttention> latent_attn;    // ... registered as "self_attn" (DeepSeek)
   std::shared_ptr<DecoderMLP> mlp;     // null in a sparse layer
   std::shared_ptr<SparseMoeBlock> moe;  // a sparse layer's block (arch.moe_block), else null
   std::shared_ptr<Module> other_moe;    // ... where it is not a SparseMoeBlock (gpt-oss's GptOssMLP)
