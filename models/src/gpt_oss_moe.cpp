@@ -31,12 +31,12 @@ class TopKRouter : public Linear {
 };
 }  // namespace
 
-GptOssExperts::GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& opts)
+GptOssExperts::GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& opts, int64_t intermediate)
     : Module("GptOssExperts"),
       num_experts(cfg.num_experts),
       alpha(cfg.swiglu_alpha),
       limit(cfg.swiglu_limit) {
-  const int64_t e = cfg.num_experts, c = cfg.hidden_size, i = cfg.moe_intermediate_size;
+  const int64_t e = cfg.num_experts, c = cfg.hidden_size, i = intermediate >= 0 ? intermediate : cfg.moe_intermediate_size;
   add_parameter("gate_up_proj", gate_up_proj, new_param({e, c, 2 * i}, opts));
   add_parameter("gate_up_proj_bias", gate_up_proj_bias, new_param({e, 2 * i}, opts));
   add_parameter("down_proj", down_proj, new_param({e, i, c}, opts));
@@ -62,10 +62,10 @@ Value GptOssExperts::forward(Inputs inputs) {
   return out;
 }
 
-GptOssMLP::GptOssMLP(const ModelConfig& cfg, const at::TensorOptions& opts)
+GptOssMLP::GptOssMLP(const ModelConfig& cfg, const at::TensorOptions& opts, int64_t expert_intermediate)
     : Module("GptOssMLP"), top_k(cfg.num_experts_per_tok) {
   router = add("router", std::make_shared<TopKRouter>(cfg.hidden_size, cfg.num_experts, opts));
-  experts = add("experts", std::make_shared<GptOssExperts>(cfg, opts));
+  experts = add("experts", std::make_shared<GptOssExperts>(cfg, opts, expert_intermediate));
   hook_selected_experts = add("hook_selected_experts", detail::hook_point());
 }
 

@@ -202,7 +202,12 @@ Value ParallelCausalLM::forward(Inputs inputs) {
 
 void ParallelCausalLM::load_slices(const std::function<at::Tensor(const std::string&)>& whole) {
   for (const auto& [name, current] : state_dict(*this)) {
-    if (!owns_parameter(name)) continue;
+    if (!owns_parameter(name)) {
+      // Another stage's persistent buffer (built real, as EmptyInit keeps
+      // buffers): on meta, so that no rank mistakes it for the loaded one.
+      if (!current.is_meta()) set_module_tensor(*this, name, at::empty(current.sizes(), current.options().device(at::kMeta)));
+      continue;
+    }
     const size_t dot = name.rfind('.');
     auto owner = get_submodule(name.substr(0, dot));
     const std::string local = name.substr(dot + 1);

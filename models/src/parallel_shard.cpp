@@ -7,6 +7,8 @@
 #include <flex/models/architecture.h>
 #include <flex/models/gpt2.h>
 #include <flex/models/gpt_neox.h>
+#include <flex/models/gpt_oss_moe.h>
+#include <flex/models/latent_attention.h>
 #include <flex/models/decoder.h>
 #include <flex/models/moe.h>
 #include <flex/models/parallel_lm.h>
@@ -132,8 +134,8 @@ std::shared_ptr<T> cast_block(const std::shared_ptr<Module>& m, int64_t i) {
 
 }  // namespace
 
-void ParallelCausalLM::row_parallel(Module& m) {
-  if (mesh_.tp_size() > 1) add_hook_to_module(m, std::make_shared<AllReduceHook>(mesh_.tp_group()), false);
+void ParallelCausalLM::row_parallel(Module& m, bool append) {
+  if (mesh_.tp_size() > 1) add_hook_to_module(m, std::make_shared<AllReduceHook>(mesh_.tp_group()), append);
 }
 
 void ParallelCausalLM::column_parallel(Module& m) {
@@ -242,13 +244,16 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
   const int tp = mesh_.tp_size(), rank = mesh_.tp_rank();
   const int64_t d = cfg.head_dim;
   const AttentionHeads heads = tp_heads(cfg, rank, tp);
-  const int64_t il = piece_range(cfg.intermediate_size, 1, rank, tp).length;
   const auto topts = at::TensorOptions().dtype(dtype_);
   const auto split = [](int64_t dim, int64_t unit = 1) { return ShardSpec::split(dim, unit); };
   const ShardSpec kv_out = kv_heads_spec(cfg, -1, d), kv_rows = kv_heads_spec(cfg, 0, d);
   EmptyInit scope;  // parameters stay on meta until load_slices
 
   auto block = cast_block<DecoderLayer>(blocks_[i], i);
+  if (arch.latent_attention) {
+    shard_latent_attention(arch, *block, i);
+    return shard_decoder_mlp(arch, *block);
+  }
   auto attn = std::make_shared<DecoderAttention>(arch, cfg, i, topts, heads);  // this rank's shapes
   block->self_attn = block->replace_module("self_attn", attn);
   if (attn->qkv_proj) {
@@ -284,16 +289,79 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
     declare(*attn->q_norm, q);
     declare(*attn->k_norm, k);
   }
+  if (attn->sinks.defined()) {  // one sink per head: each rank its heads'
+    ModuleSharding s;
+    s.params["sinks"] = split(0);
+    declare(*attn, s);
+  }
   declare(*attn->hook_attn_probs, output_only(split(1)));
   declare(*attn->hook_head_out, output_only(split(2)));
+  shard_decoder_mlp(arch, *block);
+}
 
-  if (block->moe) {
-    shard_moe_block(arch, *block);
-    return;
-  }
-  auto mlp = std::make_shared<DecoderMLP>(arch, cfg, topts, il);
-  block->mlp = block->replace_module("mlp", mlp);
+// DeepSeek's latent attention over tp: the low-rank projections, their norms
+// and so the latent are replicated (every rank computes the same small
+// tensors, and caches the latent); the per-head up-projections (q_b_proj or
+// q_proj, kv_b_proj) are column-parallel by head, o_proj row-parallel.
+void ParallelCausalLM::shard_latent_attention(const DecoderArch& arch, DecoderLayer& block, int64_t i) {
+  const ModelConfig& cfg = config();
+  const auto& m = cfg.mla;
+  const auto split = [](int64_t dim, int64_t unit = 1) { return ShardSpec::split(dim, unit); };
+  EmptyInit scope;
+  auto attn = std::make_shared<LatentAttention>(arch, cfg, i, at::TensorOptions().dtype(dtype_),
+                                                tp_heads(cfg, mesh_.tp_rank(), mesh_.tp_size()));
+  block.latent_attn = block.replace_module("self_attn", attn);
+  const int64_t dq = m.qk_head_dim(), dkv = m.qk_nope_head_dim + m.v_head_dim, dv = m.v_head_dim;
+  Linear& q = attn->q_proj ? *attn->q_proj : *attn->q_b_proj;
+  declare(q, column(split(-1, dq), split(0, dq), split(0, dq)));
+  column_parallel(q);
+  declare(*attn->kv_b_proj, column(split(-1, dkv), split(0, dkv), split(0, dkv)));
+  column_parallel(*attn->kv_b_proj);
+  declare(*attn->o_proj, row(split(1, dv), dv));
+  row_parallel(*attn->o_proj);
+  declare(*attn->hook_attn_probs, output_only(split(1)));
+  declare(*attn->hook_head_out, output_only(split(2)));
+}
+
+// The block's feed-forward part over tp: a sparse block, gpt-oss's MLP, or
+// the dense gated MLP.
+void ParallelCausalLM::shard_decoder_mlp(const DecoderArch& arch, DecoderLayer& block) {
+  const ModelConfig& cfg = config();
+  if (block.moe) return shard_moe_block(arch, block);
+  if (block.other_moe) return shard_gpt_oss_mlp(arch, block);
+  EmptyInit scope;
+  const int64_t il = piece_range(cfg.intermediate_size, 1, mesh_.tp_rank(), mesh_.tp_size()).length;
+  auto mlp = std::make_shared<DecoderMLP>(arch, cfg, at::TensorOptions().dtype(dtype_), il);
+  block.mlp = block.replace_module("mlp", mlp);
   shard_gated_mlp(*mlp, cfg.intermediate_size);
+}
+
+// gpt-oss's MLP over tp: the router replicated (every rank routes alike),
+// every expert's intermediate split as a dense MLP's (gate_up_proj's
+// interleaved gate/up columns in pairs), down_proj_bias on rank 0: the
+// experts' output is a partial sum, all-reduced once.
+void ParallelCausalLM::shard_gpt_oss_mlp(const DecoderArch& arch, DecoderLayer& block) {
+  const ModelConfig& cfg = config();
+  if (expert_parallel_)
+    throw UnsupportedError(cfg.source + ": expert parallelism is not supported for gpt-oss's fused experts "
+                                        "(its experts are split over tp instead)");
+  const int64_t il = piece_range(cfg.moe_intermediate_size, 1, mesh_.tp_rank(), mesh_.tp_size()).length;
+  if (il == 0)
+    throw ConfigError(cfg.source + ": expert intermediate size " + std::to_string(cfg.moe_intermediate_size) +
+                      " cannot be split over tp=" + std::to_string(mesh_.tp_size()));
+  EmptyInit scope;
+  auto mlp = std::make_shared<GptOssMLP>(cfg, at::TensorOptions().dtype(dtype_), il);
+  block.other_moe = block.replace_module(arch.moe_block, mlp);
+  ModuleSharding s;
+  s.input_grad = ShardSpec::partial_sum();
+  s.output = ShardSpec::partial_sum();
+  s.params["gate_up_proj"] = ShardSpec::split(2, 2);
+  s.params["gate_up_proj_bias"] = ShardSpec::split(1, 2);
+  s.params["down_proj"] = ShardSpec::split(1);
+  s.params["down_proj_bias"] = ShardSpec::partial_sum();
+  declare(*mlp->experts, s);
+  column_parallel(*mlp->experts);
+  row_parallel(*mlp->experts, /*append=*/true);
 }
 
 // A gated MLP over tp: gate/up (or the fused [gate | up]) column-parallel,

@@ -23,7 +23,8 @@ namespace flex {
 
 class GptOssExperts : public Module {
  public:
-  GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& opts);
+  /// `intermediate` >= 0: each expert's width (a tensor-parallel rank's share).
+  GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& opts, int64_t intermediate = -1);
   /// (hidden [N, C], selected [N, k] int64, weights [N, k]) -> [N, C].
   Value forward(Inputs inputs) override;
   at::Tensor gate_up_proj, gate_up_proj_bias, down_proj, down_proj_bias;
@@ -33,7 +34,7 @@ class GptOssExperts : public Module {
 
 class GptOssMLP : public Module {
  public:
-  GptOssMLP(const ModelConfig& cfg, const at::TensorOptions& opts);
+  GptOssMLP(const ModelConfig& cfg, const at::TensorOptions& opts, int64_t expert_intermediate = -1);
   Value forward(Inputs inputs) override;
   std::shared_ptr<Linear> router;  // class GptOssTopKRouter
   std::shared_ptr<GptOssExperts> experts;

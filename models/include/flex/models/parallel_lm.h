@@ -115,6 +115,9 @@ class ParallelCausalLM : public Module {
  private:
   void shard_block(int64_t index);
   void shard_decoder_block(const DecoderArch& arch, int64_t index);
+  void shard_latent_attention(const DecoderArch& arch, DecoderLayer& block, int64_t index);
+  void shard_decoder_mlp(const DecoderArch& arch, DecoderLayer& block);
+  void shard_gpt_oss_mlp(const DecoderArch& arch, DecoderLayer& block);
   void shard_gated_mlp(DecoderMLP& mlp, int64_t whole_intermediate);
   void shard_moe_block(const DecoderArch& arch, DecoderLayer& block);
   void place_moe_experts(const DecoderArch& arch, DecoderLayer& block);  // expert parallelism
@@ -126,7 +129,8 @@ class ParallelCausalLM : public Module {
   std::shared_ptr<RMSNorm> tp_rms_norm(const std::shared_ptr<RMSNorm>& norm, const ShardSpec& spec,
                                        int64_t whole_dim) const;
   void declare(const Module& m, ModuleSharding s) { layout_->declare(m, std::move(s)); }
-  void row_parallel(Module& m);
+  /// `append`: after a hook the module already has (column_parallel's).
+  void row_parallel(Module& m, bool append = false);
   void column_parallel(Module& m);
 
   std::shared_ptr<CausalLM> skeleton_;
