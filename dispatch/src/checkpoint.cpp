@@ -328,6 +328,10 @@ Checkpoint Checkpoint::with_view(const CheckpointView& view) const {
   for (const auto& file : st.files()) {
     auto& names = v->per_file[file];
     for (const auto& key : st.keys_in(file)) {
+      // A dropped part stays dropped, computed (dequantized) or not.
+      bool drop = false;
+      for (const auto& d : view.dropped) drop = drop || key.rfind(d, 0) == 0;
+      if (drop) continue;
       if (auto c = by_first_source.find(key); c != by_first_source.end()) {
         claim(c->second->name, key);
         v->computed.emplace(c->second->name, *c->second);
@@ -335,9 +339,6 @@ Checkpoint Checkpoint::with_view(const CheckpointView& view) const {
         continue;
       }
       if (consumed.count(key)) continue;
-      bool drop = false;
-      for (const auto& d : view.dropped) drop = drop || key.rfind(d, 0) == 0;
-      if (drop) continue;
       std::string name = key;
       for (const auto& [from, to] : view.renames)
         if (key.rfind(from, 0) == 0) {

@@ -9,9 +9,10 @@ namespace flex {
 
 std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tensor& key, const at::Tensor& value) {
   if (layer < 0) throw ConfigError("KVCache: negative layer index " + std::to_string(layer));
-  if (key.dim() != 4 || value.dim() != 4 || key.sizes() != value.sizes())
+  // Keys and values may differ in width (DeepSeek's latent and rotated key).
+  if (key.dim() != 4 || value.dim() != 4 || key.sizes().slice(0, 3) != value.sizes().slice(0, 3))
     throw ShapeError("KVCache layer " + std::to_string(layer) + ": key " + shape_text(key.sizes()) + " and value " +
-                     shape_text(value.sizes()) + " must both be [batch, heads, seq, head_dim]");
+                     shape_text(value.sizes()) + " must both be [batch, heads, seq, width]");
   if (static_cast<size_t>(layer) >= len_.size()) {
     k_.resize(layer + 1);
     v_.resize(layer + 1);
@@ -22,7 +23,7 @@ std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tenso
   at::Tensor& kbuf = k_[layer];
   at::Tensor& vbuf = v_[layer];
   if (len > 0) {
-    if (kbuf.size(0) != key.size(0) || kbuf.size(1) != key.size(1) || kbuf.size(3) != key.size(3) ||
+    if (kbuf.size(0) != key.size(0) || kbuf.size(1) != key.size(1) || kbuf.size(3) != key.size(3) || vbuf.size(3) != value.size(3) ||
         kbuf.scalar_type() != key.scalar_type())
       throw ShapeError("KVCache layer " + std::to_string(layer) + " holds keys of shape " +
                        shape_text(kbuf.narrow(2, 0, len).sizes()) + " (" + std::string(c10::toString(kbuf.scalar_type())) +
@@ -46,10 +47,10 @@ std::pair<at::Tensor, at::Tensor> KVCache::update(int64_t layer, const at::Tenso
   if (!kbuf.defined() || kbuf.size(2) < need || kbuf.device() != key.device()) {
     // Grow geometrically so n decoding steps cost O(n) copies in total.
     const int64_t cap = std::max<int64_t>(need, len == 0 ? need : 2 * need);
-    std::vector<int64_t> shape = key.sizes().vec();
-    shape[2] = cap;
+    std::vector<int64_t> shape = key.sizes().vec(), vshape = value.sizes().vec();
+    shape[2] = vshape[2] = cap;
     at::Tensor nk = at::empty(shape, key.options().requires_grad(false));
-    at::Tensor nv = at::empty(shape, value.options().requires_grad(false));
+    at::Tensor nv = at::empty(vshape, value.options().requires_grad(false));
     if (len > 0) {
       nk.narrow(2, 0, len).copy_(kbuf.narrow(2, 0, len));
       nv.narrow(2, 0, len).copy_(vbuf.narrow(2, 0, len));

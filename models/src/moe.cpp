@@ -3,6 +3,7 @@
 #include "common.h"
 #include "expert_routing.h"
 
+#include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/moe.h>
 
@@ -16,8 +17,12 @@ using detail::first_tensor;
 
 TopkRouter::TopkRouter(std::string cls, int64_t in, int64_t experts, bool correction_bias,
                        const at::TensorOptions& opts)
-    : Linear(in, experts, false, opts) {
-  set_class_name(std::move(cls));
+    : Module(std::move(cls)) {
+  add_parameter("weight", weight, new_parameter({experts, in}, opts));
+  if (!weight.is_meta()) {
+    at::NoGradGuard guard;
+    weight.normal_(0.0, 0.02);
+  }
   if (correction_bias)
     add_buffer("e_score_correction_bias", e_score_correction_bias,
                at::zeros({experts}, opts.dtype(at::kFloat)), /*persistent=*/true);
@@ -32,6 +37,7 @@ SparseMoeBlock::SparseMoeBlock(const DecoderArch& arch, const ModelConfig& cfg, 
                                std::vector<int64_t> expert_intermediate, int64_t shared_intermediate)
     : Module(arch.moe_class.empty() ? arch.cls("SparseMoeBlock") : arch.moe_class),
       routing_(arch.routing),
+      hidden_(cfg.hidden_size),
       num_experts_(cfg.num_experts),
       top_k_(cfg.num_experts_per_tok),
       norm_topk_prob_(cfg.norm_topk_prob),
@@ -88,8 +94,8 @@ at::Tensor SparseMoeBlock::choose(const at::Tensor& scores) const {
 Value SparseMoeBlock::forward(Inputs inputs) {
   using R = DecoderArch::Routing;
   const at::Tensor& x = inputs.tensor(0);
-  if (x.dim() < 2 || x.size(-1) != gate->in_features)
-    throw ShapeError(class_name() + ": expected hidden states [..., " + std::to_string(gate->in_features) +
+  if (x.dim() < 2 || x.size(-1) != hidden_)
+    throw ShapeError(class_name() + ": expected hidden states [..., " + std::to_string(hidden_) +
                      "], got " + std::to_string(x.dim()) + " dims");
   const int64_t c = x.size(-1);
   const at::Tensor flat = x.reshape({-1, c});

@@ -8,7 +8,10 @@
 // mask keeps, within atol 1e-5 / rtol 1e-4 (fp32).
 #include "golden_util.h"
 
+#include <flex/dispatch/big_modeling.h>
+#include <flex/dispatch/module_sizes.h>
 #include <flex/models/architecture.h>
+#include <flex/models/from_pretrained.h>
 
 #include <map>
 
@@ -73,6 +76,71 @@ TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
       ASSERT_TRUE(value.defined()) << n << " is not a parameter of the model";
       EXPECT_TRUE(close(value, gt->get("out." + n), name + " " + n));
     }
+}
+
+// The batch's logits: the whole forward, or (cache) a prefill of 8 tokens
+// then chunks of 3, 1, 1, ... through the KV cache, the mask growing with it.
+at::Tensor batch_logits(CausalLM& model, const at::Tensor& ids, const at::Tensor& mask, bool cache) {
+  at::NoGradGuard g;
+  if (!cache) {
+    LMInputs in;
+    in.input_ids = ids;
+    in.attention_mask = mask;
+    return model.run(in).logits;
+  }
+  auto kv = c10::make_intrusive<KVCache>();
+  std::vector<at::Tensor> parts;
+  const int64_t t = ids.size(1);
+  for (int64_t start = 0, len = 8; start < t; start += len, len = start == 8 ? 3 : 1) {
+    len = std::min(len, t - start);
+    LMInputs in;
+    in.input_ids = ids.narrow(1, start, len);
+    in.attention_mask = mask.narrow(1, 0, start + len);
+    in.past_key_values = kv;
+    parts.push_back(model.run(in).logits);
+  }
+  EXPECT_EQ(kv->seq_length(0), t);
+  return at::cat(parts, 1);
+}
+
+// Decoding through the KV cache (DeepSeek's holds the compressed latent)
+// crosses the sliding windows (6) and gives the golden logits.
+TEST_P(GoldenZoo3, KVCacheDecodingMatchesTransformers5) {
+  const std::string name = GetParam();
+  auto gt = SafetensorsFile::open(golden5(name + ".golden.safetensors"));
+  auto model = load_pretrained(golden5(name), at::kFloat);
+  const at::Tensor mask = gt->get("attention_mask");
+  const at::Tensor cached = batch_logits(*model, gt->get("input_ids"), mask, true);
+  EXPECT_TRUE(close(kept(cached, mask), kept(gt->get("logits"), mask), name + " cached logits"));
+}
+
+// Dispatched with half the model's bytes on CPU and the rest on disk (the
+// no-split class whole), the logits are the in-memory model's bitwise.
+TEST_P(GoldenZoo3, DiskOffloadGivesTheInMemoryLogits) {
+  const std::string name = GetParam();
+  auto gt = SafetensorsFile::open(golden5(name + ".golden.safetensors"));
+  const at::Tensor ids = gt->get("input_ids"), mask = gt->get("attention_mask");
+  auto plain = from_pretrained(golden5(name));
+  const at::Tensor ref = batch_logits(*plain, ids, mask, false);
+  flex_test::TempDir off;
+  PretrainedOptions o;
+  o.device_map_strategy = "auto";
+  MaxMemory mm;
+  mm.set(MapDevice::cpu(), 0.5 * compute_module_sizes(*plain).total());
+  o.max_memory = mm;
+  o.offload_folder = off.str();
+  auto dispatched = from_pretrained(golden5(name), o);
+  auto map = hf_device_map(*dispatched);
+  ASSERT_TRUE(map.has_value());
+  bool disk = false;
+  for (const auto& e : *map) {
+    disk = disk || e.second.is_disk();
+    const size_t at = e.first.find(".layers.");
+    if (at != std::string::npos)
+      EXPECT_EQ(e.first.find('.', at + 8), std::string::npos) << e.first << ": a block split across devices";
+  }
+  EXPECT_TRUE(disk) << map->to_json();
+  EXPECT_TRUE(flex_test::equal(batch_logits(*dispatched, ids, mask, false), ref)) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers5, GoldenZoo3, ::testing::ValuesIn(models_test::golden5_cases("manifest_zoo3.json")),

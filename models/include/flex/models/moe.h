@@ -43,10 +43,12 @@ namespace flex {
 /// DeepSeek's router (DeepseekV3TopkRouter / DeepseekV2TopkRouter): weight
 /// [E, C], logits computed in float32 whatever the model's dtype; DeepSeek-V3's
 /// also holds the buffer e_score_correction_bias [E] (float32, persistent).
-class TopkRouter : public Linear {
+/// Not a Linear, as in Transformers: quantization leaves it alone.
+class TopkRouter : public Module {
  public:
   TopkRouter(std::string class_name, int64_t in, int64_t experts, bool correction_bias, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
+  at::Tensor weight;
   at::Tensor e_score_correction_bias;  // undefined where the router has none
 };
 
@@ -59,7 +61,7 @@ class SparseMoeBlock : public Module {
                  std::vector<int64_t> expert_intermediate = {}, int64_t shared_intermediate = -1);
   Value forward(Inputs inputs) override;
 
-  std::shared_ptr<Linear> gate;
+  std::shared_ptr<Module> gate;  // a Linear, or a TopkRouter (DeepSeek)
   std::shared_ptr<ModuleList> experts;  // of DecoderMLP; never called itself
   std::shared_ptr<DecoderMLP> shared_expert;  // Qwen2-MoE's shared_expert, DeepSeek's shared_experts, else null
   std::shared_ptr<Linear> shared_expert_gate;  // Qwen2-MoE, else null
@@ -75,7 +77,7 @@ class SparseMoeBlock : public Module {
   /// The chosen experts' ids [N, k] from the float32 scores (routing as the architecture says).
   at::Tensor choose(const at::Tensor& scores) const;
   DecoderArch::Routing routing_;
-  int64_t num_experts_, top_k_;
+  int64_t hidden_, num_experts_, top_k_;
   bool norm_topk_prob_;
   ModelConfig cfg_;
 };
