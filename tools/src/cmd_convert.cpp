@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <flex/models/from_pretrained.h>
+#include <flex/models/model_checkpoint.h>
 #include <flex/quant/quantize_model.h>
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/checkpoint.h>
@@ -70,7 +71,13 @@ int run_convert(const std::vector<std::string>& argv) {
     throw UsageError("--out must differ from MODEL_DIR");
   require_writable_dir(*out);
 
+  // The model's view of the checkpoint (renamed, dropped, FP8 / MXFP4
+  // dequantized) where the written folder is the model as loaded: when
+  // quantizing, and when the stored format is one only loading undoes.
+  const ModelConfig model_cfg = load_config(dir);
+  const bool dequantize = dequantized_at_load(model_cfg);
   const Checkpoint ckpt = Checkpoint::open(dir);
+  const Checkpoint viewed = open_model_checkpoint(dir, model_cfg);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   const auto quantization = quantization_option(args);
   std::shared_ptr<CausalLM> quantized;
@@ -88,12 +95,13 @@ int run_convert(const std::vector<std::string>& argv) {
       // A quantized layer's own tensors: weight.absmax, ..., SCB, weight_format.
       const bool extra = name.find(".weight.") != std::string::npos || ends_with(name, ".SCB") ||
                          ends_with(name, ".weight_format");
-      if (ckpt.contains(name) || extra) tensors.emplace_back(name, t);
+      if (viewed.contains(name) || extra) tensors.emplace_back(name, t);
     }
   } else {
-    for (const auto& file : ckpt.files())
-      for (const auto& key : ckpt.keys_in(file)) {
-        at::Tensor t = ckpt.get(key);
+    const Checkpoint& source = dequantize ? viewed : ckpt;
+    for (const auto& file : source.files())
+      for (const auto& key : source.keys_in(file)) {
+        at::Tensor t = source.get(key);
         if (dtype && t.is_floating_point()) t = t.to(*dtype);
         tensors.emplace_back(key, t);
       }
@@ -115,6 +123,7 @@ int run_convert(const std::vector<std::string>& argv) {
     throw FileFormatError("'" + (fs::path(dir) / "config.json").string() + "' is not valid JSON: " + e.what());
   }
   if (dtype) cfg["torch_dtype"] = torch_dtype_name(*dtype);
+  if (dequantize) cfg.erase("quantization_config");  // written dequantized (replaced below when quantizing)
   if (quantization)
     cfg["quantization_config"] = nlohmann::ordered_json::parse(bnb_quantization_config_json(*quantization).dump());
   // Every file goes through AtomicFile (temp name, fsync, rename): a failure
