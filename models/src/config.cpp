@@ -49,9 +49,6 @@ void parse_longrope(const Reader& r, const Reader& sub, const ModelConfig& c, Ro
   }
 }
 
-// YaRN's magnitude correction 0.1 * m * ln(factor) + 1 (1 when not extending).
-double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
-
 // YaRN (gpt-oss, DeepSeek-V3, OLMo 3's full layers): the factor, the ramp's
 // beta_fast / beta_slow (0 or null: 32 and 1, as Transformers' `or`), and the
 // cos/sin attention factor, given or derived from mscale / mscale_all_dim.
@@ -272,6 +269,8 @@ void parse_gpt_neox(const Reader& r, const Architecture& arch, ModelConfig& c) {
 }
 
 }  // namespace
+
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 ModelConfig ModelConfig::with_sliding_rope() const {
   ModelConfig c = *this;

@@ -12,11 +12,6 @@
 
 namespace flex {
 
-namespace {
-// YaRN's magnitude correction 0.1 * m * ln(factor) + 1 (1 when not extending).
-double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
-}  // namespace
-
 LatentAttention::LatentAttention(const DecoderArch& arch, const ModelConfig& cfg, int64_t layer_idx,
                                  const at::TensorOptions& opts, AttentionHeads heads)
     : Module(arch.cls("Attention")),

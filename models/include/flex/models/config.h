@@ -38,6 +38,10 @@ struct RopeScaling {
   double cos_sin_scale() const { return rope_type == "yarn" || rope_type == "longrope" ? attention_factor : 1.0; }
 };
 
+/// YaRN's magnitude correction 0.1 * m * ln(factor) + 1 (1 when not extending):
+/// the attention factor's parts, and DeepSeek's softmax scale (squared).
+double yarn_mscale(double factor, double m);
+
 /// A RoPE base and scaling: the model's, or one layer type's where they differ.
 struct RopeSettings {
   double theta = 10000.0;
