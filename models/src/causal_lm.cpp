@@ -80,7 +80,7 @@ Value CausalLM::forward(Inputs inputs) {
   if (!base.isTuple() || base.toTupleRef().elements().size() != 3)
     throw ConfigError(class_name() + ": the base model must return (hidden, cache, hidden_states)");
   const auto& el = base.toTupleRef().elements();
-  at::Tensor logits = (*output_embeddings())(el[0].toTensor());
+  at::Tensor logits = finish_logits((*output_embeddings())(el[0].toTensor()));
   return detail::tuple_of({logits, el[1], el[2]});
 }
 

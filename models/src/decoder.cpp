@@ -315,11 +315,14 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
 }
 
 at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {
-  at::Tensor hidden = (*embed_tokens)(input_ids);
+  const at::Tensor rows = (*embed_tokens)(input_ids);
+  return arch_.scaled_embedding_class.empty() ? scale_embeddings(rows) : rows;  // else scaled inside embed_tokens
+}
+
+at::Tensor DecoderModel::scale_embeddings(const at::Tensor& rows) const {
+  if (!arch_.scale_embeddings && arch_.scaled_embedding_class.empty()) return rows;
   // Gemma: the scale is a tensor of the hidden dtype (sqrt(3072) rounds in bf16).
-  if (arch_.scale_embeddings && arch_.scaled_embedding_class.empty())
-    hidden = hidden * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.hidden_size)), hidden.options());
-  return hidden;
+  return rows * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.hidden_size)), rows.options());
 }
 
 std::vector<Value> DecoderModel::position_embeddings(const at::Tensor& hidden, const at::Tensor& position_ids,
@@ -365,12 +368,8 @@ DecoderForCausalLM::DecoderForCausalLM(const Arch& arch, const ModelConfig& cfg,
   tie_weights();
 }
 
-Value DecoderForCausalLM::forward(Inputs inputs) {
-  Value out = CausalLM::forward(std::move(inputs));
-  if (cfg_.final_logit_softcapping <= 0) return out;
-  auto el = out.toTupleRef().elements().vec();
-  el[0] = soft_cap(el[0].toTensor(), cfg_.final_logit_softcapping);
-  return detail::tuple_of(std::move(el));
+at::Tensor DecoderForCausalLM::finish_logits(const at::Tensor& logits) const {
+  return cfg_.final_logit_softcapping > 0 ? soft_cap(logits, cfg_.final_logit_softcapping) : logits;
 }
 
 }  // namespace flex

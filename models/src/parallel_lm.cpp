@@ -61,7 +61,6 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
   const Architecture& arch = architecture(cfg);
   const StageNames& names = arch.names;
   blocks_name_ = names.blocks, norm_name_ = names.norm, head_name_ = names.head;
-  if (arch.decoder && arch.decoder->scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(cfg.hidden_size));
 
   const Range mine = piece_range(cfg.num_hidden_layers, 1, mesh_.pp_rank(), pp);
   first_block_ = mine.start;
@@ -152,7 +151,7 @@ Value ParallelCausalLM::forward(Inputs inputs) {
     at::Tensor hidden;
     if (stage == 0) {
       hidden = (*embedding_)(ids);
-      if (embed_scale_ > 0) hidden = hidden * at::scalar_tensor(embed_scale_, hidden.options());
+      if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(base_module_)) hidden = decoder->scale_embeddings(hidden);
       if (pos_embedding_) hidden = hidden + (*pos_embedding_)(position_ids);
       if (emb_dropout_) hidden = (*emb_dropout_)(hidden);
     } else {
@@ -185,8 +184,7 @@ Value ParallelCausalLM::forward(Inputs inputs) {
   if (stage < pp - 1) {
     mesh_.pp_group()->send(hidden.contiguous(), stage + 1, kHiddenTag);
   } else {
-    logits = (*head_)(hidden);
-    if (cfg.final_logit_softcapping > 0) logits = soft_cap(logits, cfg.final_logit_softcapping);
+    logits = skeleton_->finish_logits((*head_)(hidden));
   }
   if (pp > 1) {
     if (stage == pp - 1) mesh_.pp_group()->send(logits.contiguous(), 0, kLogitsTag);

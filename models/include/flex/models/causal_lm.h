@@ -94,6 +94,11 @@ class CausalLM : public Module {
   /// past_key_values, output_hidden_states. Returns (logits, cache, hidden_states).
   Value forward(Inputs inputs) override;
 
+  /// The head stage's last step, after output_embeddings (Gemma 2's final
+  /// soft-cap): the single-process forward and the last pipeline stage both
+  /// run it. The identity unless an architecture says otherwise.
+  virtual at::Tensor finish_logits(const at::Tensor& logits) const { return logits; }
+
  protected:
   ModelConfig cfg_;
 };

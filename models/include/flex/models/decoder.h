@@ -207,8 +207,13 @@ class DecoderModel : public Module {
  public:
   DecoderModel(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
-  /// The embedding lookup, times sqrt(hidden) where the architecture scales it.
+  /// The embedding stage: the lookup, times sqrt(hidden) where the
+  /// architecture scales it (after the lookup, or inside embed_tokens).
   at::Tensor embed(const at::Tensor& input_ids);
+  /// Rows of a plain lookup scaled as the architecture says (Gemma's
+  /// sqrt(hidden), in the rows' dtype); the pipeline's stage 0, whose
+  /// vocab-parallel embedding replaces embed_tokens, runs it too.
+  at::Tensor scale_embeddings(const at::Tensor& rows) const;
   /// (cos, sin) for every layer (one entry when all layers share it; an
   /// undefined Value where the layers compute RoPE themselves). `run_hooks`
   /// false: later pipeline stages recompute what stage 0's hooked call gave.
@@ -236,8 +241,8 @@ class DecoderForCausalLM : public CausalLM {
   std::shared_ptr<Embedding> input_embeddings() const override { return model->embed_tokens; }
   std::shared_ptr<Linear> output_embeddings() const override { return lm_head; }
   std::shared_ptr<Module> base_model() const override { return model; }
-  /// The base model's forward, lm_head, then the final soft-cap (Gemma 2).
-  Value forward(Inputs inputs) override;
+  /// The final soft-cap where the config has one (Gemma 2).
+  at::Tensor finish_logits(const at::Tensor& logits) const override;
   const DecoderArch& arch() const { return arch_; }
 
   std::shared_ptr<DecoderModel> model;

@@ -144,7 +144,6 @@ class ParallelCausalLM : public Module {
   int64_t first_block_ = 0, last_block_ = 0;
   std::vector<std::shared_ptr<Module>> blocks_;
   std::shared_ptr<Module> base_module_, embedding_, head_, norm_, rotary_, pos_embedding_, emb_dropout_;
-  double embed_scale_ = 0;  // Gemma: embeddings * sqrt(hidden)
   std::vector<std::string> owned_prefixes_;
   std::vector<std::vector<std::string>> tied_;
 };
