@@ -390,8 +390,8 @@ Architecture gpt_oss() {
 // kv_a_layernorm, kv_b_proj -> [k_nope | v] per head), read into cfg.mla.
 void read_latent_attention(const ConfigReader& r, ModelConfig& c, bool rope_interleave_default) {
   auto& m = c.mla;
-  m.q_lora_rank = r.int_or("q_lora_rank", 1536);  // null: a plain q_proj
-  if (!r.find("q_lora_rank") && r.j.contains("q_lora_rank")) m.q_lora_rank = 0;
+  // Absent: Transformers' 1536; null: no q-LoRA, a plain q_proj.
+  m.q_lora_rank = r.j.contains("q_lora_rank") ? r.int_or("q_lora_rank", 0) : 1536;
   m.kv_lora_rank = r.int_or("kv_lora_rank", 512);
   m.qk_nope_head_dim = r.int_or("qk_nope_head_dim", 128);
   m.qk_rope_head_dim = r.int_or("qk_rope_head_dim", 64);
@@ -482,15 +482,14 @@ Architecture deepseek_v3() {
 // group_limited_greedy (group score: its best expert), weights *
 // routed_scaling_factor and never renormalised.
 Architecture deepseek_v2() {
-  Architecture a = deepseek_v3();
-  Arch d = *a.decoder;
+  Arch d = *deepseek_v3().decoder;
   d.prefix = "DeepseekV2";
   d.routing = Arch::Routing::DeepseekV2;
   d.expert.cls = "DeepseekV2MLP";
   d.router_class = "DeepseekV2TopkRouter";
   d.moe_class = "DeepseekV2Moe";
   d.complex_rope = true;
-  a = decoder_entry("deepseek_v2", d);
+  Architecture a = decoder_entry("deepseek_v2", d);
   a.defaults.max_position_embeddings = 2048;
   a.defaults.head_dim = 64;
   a.drop_extra_layers = true;

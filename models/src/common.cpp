@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 
@@ -190,5 +191,14 @@ double raw_number(const ModelConfig& cfg, const char* key, double dflt) {
 }
 
 std::shared_ptr<Identity> hook_point() { return std::make_shared<Identity>("HookPoint"); }
+
+at::Tensor init_parameter(at::IntArrayRef shape, const at::TensorOptions& opts) {
+  at::Tensor t = new_parameter(shape, opts);
+  if (!t.is_meta()) {
+    at::NoGradGuard guard;
+    t.normal_(0.0, 0.02);
+  }
+  return t;
+}
 
 }  // namespace flex::detail

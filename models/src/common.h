@@ -90,4 +90,9 @@ double raw_number(const ModelConfig& cfg, const char* key, double dflt);
 /// A hook point: an Identity whose class name says what it is.
 std::shared_ptr<Identity> hook_point();
 
+/// A new parameter tensor of a module that is not a Linear (fused experts, a
+/// router): on meta under EmptyInit (never allocated to be thrown away), else
+/// N(0, 0.02) like Transformers' init.
+at::Tensor init_parameter(at::IntArrayRef shape, const at::TensorOptions& opts);
+
 }  // namespace flex::detail

@@ -3,7 +3,6 @@
 #include "common.h"
 #include "expert_routing.h"
 
-#include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/gpt_oss_moe.h>
 
@@ -12,16 +11,6 @@
 namespace flex {
 
 namespace {
-// On meta under EmptyInit (a 20B model's experts are never allocated to be
-// thrown away), else N(0, 0.02) like Transformers' init.
-at::Tensor new_param(std::vector<int64_t> shape, const at::TensorOptions& opts) {
-  at::Tensor t = new_parameter(shape, opts);
-  if (!t.is_meta()) {
-    at::NoGradGuard guard;
-    t.normal_(0.0, 0.02);
-  }
-  return t;
-}
 // A Linear with bias under Transformers' router class name.
 class TopKRouter : public Linear {
  public:
@@ -37,10 +26,10 @@ GptOssExperts::GptOssExperts(const ModelConfig& cfg, const at::TensorOptions& op
       alpha(cfg.swiglu_alpha),
       limit(cfg.swiglu_limit) {
   const int64_t e = cfg.num_experts, c = cfg.hidden_size, i = intermediate >= 0 ? intermediate : cfg.moe_intermediate_size;
-  add_parameter("gate_up_proj", gate_up_proj, new_param({e, c, 2 * i}, opts));
-  add_parameter("gate_up_proj_bias", gate_up_proj_bias, new_param({e, 2 * i}, opts));
-  add_parameter("down_proj", down_proj, new_param({e, i, c}, opts));
-  add_parameter("down_proj_bias", down_proj_bias, new_param({e, c}, opts));
+  add_parameter("gate_up_proj", gate_up_proj, detail::init_parameter({e, c, 2 * i}, opts));
+  add_parameter("gate_up_proj_bias", gate_up_proj_bias, detail::init_parameter({e, 2 * i}, opts));
+  add_parameter("down_proj", down_proj, detail::init_parameter({e, i, c}, opts));
+  add_parameter("down_proj_bias", down_proj_bias, detail::init_parameter({e, c}, opts));
 }
 
 Value GptOssExperts::forward(Inputs inputs) {

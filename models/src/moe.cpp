@@ -3,7 +3,6 @@
 #include "common.h"
 #include "expert_routing.h"
 
-#include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/moe.h>
 
@@ -18,11 +17,7 @@ using detail::first_tensor;
 TopkRouter::TopkRouter(std::string cls, int64_t in, int64_t experts, bool correction_bias,
                        const at::TensorOptions& opts)
     : Module(std::move(cls)) {
-  add_parameter("weight", weight, new_parameter({experts, in}, opts));
-  if (!weight.is_meta()) {
-    at::NoGradGuard guard;
-    weight.normal_(0.0, 0.02);
-  }
+  add_parameter("weight", weight, detail::init_parameter({experts, in}, opts));
   if (correction_bias)
     add_buffer("e_score_correction_bias", e_score_correction_bias,
                at::zeros({experts}, opts.dtype(at::kFloat)), /*persistent=*/true);

@@ -1,14 +1,18 @@
 #pragma once
 // Shared by the model tests: fixture paths, golden json/safetensors access,
 // tolerance checks with readable failure messages.
+#include <flex/dispatch/big_modeling.h>
+#include <flex/dispatch/module_sizes.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/from_pretrained.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,6 +63,41 @@ inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tens
   ::testing::AssertionResult r = flex_test::close(f64(actual), f64(expected), rtol, atol);
   if (r) return r;
   return ::testing::AssertionFailure() << what << ": " << r.message();
+}
+
+/// Logits of a (left-padded) batch through the model's call, so hooks run.
+inline at::Tensor masked_logits(flex::CausalLM& model, const at::Tensor& ids, const at::Tensor& mask) {
+  at::NoGradGuard g;
+  flex::LMInputs in;
+  in.input_ids = ids;
+  in.attention_mask = mask;
+  return model.run(in).logits;
+}
+
+/// Records the output (element 0 of a tuple) of each module: `names` maps the
+/// key in `outputs` to the module's name in `model`. Keep the handles alive.
+inline std::vector<flex::HookHandle> record_outputs(flex::Module& model, const std::map<std::string, std::string>& names,
+                                                    std::map<std::string, at::Tensor>& outputs) {
+  std::vector<flex::HookHandle> handles;
+  for (const auto& [key, module] : names)
+    handles.push_back(model.get_submodule(module)->register_forward_hook(
+        [&outputs, key = key](flex::Module&, const flex::Inputs&, flex::Value& out) {
+          outputs[key] = out.isTensor() ? out.toTensor() : out.toTupleRef().elements()[0].toTensor();
+        }));
+  return handles;
+}
+
+/// `dir` loaded with an automatic device map whose CPU budget is half of
+/// `plain`'s bytes, the rest offloaded to `folder`.
+inline std::shared_ptr<flex::CausalLM> from_pretrained_half_on_disk(const std::string& dir, flex::CausalLM& plain,
+                                                                     const std::string& folder) {
+  flex::PretrainedOptions o;
+  o.device_map_strategy = "auto";
+  flex::MaxMemory mm;
+  mm.set(flex::MapDevice::cpu(), 0.5 * flex::compute_module_sizes(plain).total());
+  o.max_memory = mm;
+  o.offload_folder = folder;
+  return flex::from_pretrained(dir, o);
 }
 
 }  // namespace models_test

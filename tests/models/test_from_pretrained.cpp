@@ -35,13 +35,7 @@ TEST_P(FromPretrained, AutoMapWithSmallBudgetMatchesInMemoryAndGolden) {
   EXPECT_TRUE(models_test::close(ref, models_test::golden_tensors(golden)->get("logits"), name + " logits"));
 
   flex_test::TempDir off;
-  PretrainedOptions o;
-  o.device_map_strategy = "auto";
-  MaxMemory mm;
-  mm.set(MapDevice::cpu(), 0.5 * compute_module_sizes(*plain).total());
-  o.max_memory = mm;
-  o.offload_folder = off.str();
-  auto dispatched = from_pretrained(models_test::model_dir(name), o);
+  auto dispatched = models_test::from_pretrained_half_on_disk(models_test::model_dir(name), *plain, off.str());
   auto map = hf_device_map(*dispatched);
   ASSERT_TRUE(map.has_value());
   bool disk = false;

@@ -27,24 +27,13 @@ TEST_P(Golden5, LogitsAndBlocksMatchTransformers5) {
   auto model = load_pretrained(golden5(name), at::kFloat);
   EXPECT_EQ(model->class_name(), manifest["cases"][name]["class"].get<std::string>());
 
+  std::map<std::string, std::string> hooked;
+  for (const auto& m : manifest["cases"][name]["captured"]) hooked[m] = m;
   std::map<std::string, at::Tensor> outputs;
-  std::vector<HookHandle> handles;
-  for (const auto& m : manifest["cases"][name]["captured"]) {
-    const std::string n = m;
-    handles.push_back(model->get_submodule(n)->register_forward_hook([&outputs, n](Module&, const Inputs&, Value& out) {
-      outputs[n] = out.isTensor() ? out.toTensor() : out.toTupleRef().elements()[0].toTensor();
-    }));
-  }
+  const auto handles = models_test::record_outputs(*model, hooked, outputs);
   const at::Tensor mask = gt->get("attention_mask");
-  LMOutput out;
-  {
-    at::NoGradGuard g;
-    LMInputs in;
-    in.input_ids = gt->get("input_ids");
-    in.attention_mask = mask;
-    out = model->run(in);
-  }
-  EXPECT_TRUE(close(kept(out.logits, mask), kept(gt->get("logits"), mask), name + " logits"));
+  const at::Tensor logits = models_test::masked_logits(*model, gt->get("input_ids"), mask);
+  EXPECT_TRUE(close(kept(logits, mask), kept(gt->get("logits"), mask), name + " logits"));
   for (const auto& m : manifest["cases"][name]["captured"]) {
     const std::string n = m;
     ASSERT_TRUE(outputs.count(n)) << n << " was not called";

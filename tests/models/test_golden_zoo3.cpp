@@ -8,10 +8,7 @@
 // mask keeps, within atol 1e-5 / rtol 1e-4 (fp32).
 #include "golden_util.h"
 
-#include <flex/dispatch/big_modeling.h>
-#include <flex/dispatch/module_sizes.h>
 #include <flex/models/architecture.h>
-#include <flex/models/from_pretrained.h>
 
 #include <map>
 
@@ -38,28 +35,21 @@ TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
   // A multimodal checkpoint loads as its language model, whose names the manifest maps.
   const bool renamed = info.contains("causal_lm_names");
   auto ours = [&](const std::string& n) { return renamed ? info["causal_lm_names"][n].get<std::string>() : n; };
-  if (!renamed) EXPECT_EQ(model->class_name(), info["class"].get<std::string>());
+  if (!renamed) {
+    EXPECT_EQ(model->class_name(), info["class"].get<std::string>());
+  }
 
   std::vector<std::string> names;
   for (const char* group : {"captured", "captured_submodules", "routers"})
     if (info.contains(group))
       for (const auto& n : info[group]) names.push_back(n);
+  std::map<std::string, std::string> hooked;
+  for (const auto& n : names) hooked[n] = ours(n);
   std::map<std::string, at::Tensor> outputs;
-  std::vector<HookHandle> handles;
-  for (const auto& n : names)
-    handles.push_back(model->get_submodule(ours(n))->register_forward_hook([&outputs, n](Module&, const Inputs&, Value& out) {
-      outputs[n] = out.isTensor() ? out.toTensor() : out.toTupleRef().elements()[0].toTensor();
-    }));
+  const auto handles = models_test::record_outputs(*model, hooked, outputs);
   const at::Tensor mask = gt->get("attention_mask");
-  LMOutput out;
-  {
-    at::NoGradGuard g;
-    LMInputs in;
-    in.input_ids = gt->get("input_ids");
-    in.attention_mask = mask;
-    out = model->run(in);
-  }
-  EXPECT_TRUE(close(kept(out.logits, mask), kept(gt->get("logits"), mask), name + " logits"));
+  const at::Tensor logits = models_test::masked_logits(*model, gt->get("input_ids"), mask);
+  EXPECT_TRUE(close(kept(logits, mask), kept(gt->get("logits"), mask), name + " logits"));
   const int64_t b = mask.size(0), t = mask.size(1);
   for (const auto& n : names) {
     ASSERT_TRUE(outputs.count(n)) << n << " was not called";
@@ -81,13 +71,8 @@ TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
 // The batch's logits: the whole forward, or (cache) a prefill of 8 tokens
 // then chunks of 3, 1, 1, ... through the KV cache, the mask growing with it.
 at::Tensor batch_logits(CausalLM& model, const at::Tensor& ids, const at::Tensor& mask, bool cache) {
+  if (!cache) return models_test::masked_logits(model, ids, mask);
   at::NoGradGuard g;
-  if (!cache) {
-    LMInputs in;
-    in.input_ids = ids;
-    in.attention_mask = mask;
-    return model.run(in).logits;
-  }
   auto kv = c10::make_intrusive<KVCache>();
   std::vector<at::Tensor> parts;
   const int64_t t = ids.size(1);
@@ -123,21 +108,16 @@ TEST_P(GoldenZoo3, DiskOffloadGivesTheInMemoryLogits) {
   auto plain = from_pretrained(golden5(name));
   const at::Tensor ref = batch_logits(*plain, ids, mask, false);
   flex_test::TempDir off;
-  PretrainedOptions o;
-  o.device_map_strategy = "auto";
-  MaxMemory mm;
-  mm.set(MapDevice::cpu(), 0.5 * compute_module_sizes(*plain).total());
-  o.max_memory = mm;
-  o.offload_folder = off.str();
-  auto dispatched = from_pretrained(golden5(name), o);
+  auto dispatched = models_test::from_pretrained_half_on_disk(golden5(name), *plain, off.str());
   auto map = hf_device_map(*dispatched);
   ASSERT_TRUE(map.has_value());
   bool disk = false;
   for (const auto& e : *map) {
     disk = disk || e.second.is_disk();
     const size_t at = e.first.find(".layers.");
-    if (at != std::string::npos)
+    if (at != std::string::npos) {
       EXPECT_EQ(e.first.find('.', at + 8), std::string::npos) << e.first << ": a block split across devices";
+    }
   }
   EXPECT_TRUE(disk) << map->to_json();
   EXPECT_TRUE(flex_test::equal(batch_logits(*dispatched, ids, mask, false), ref)) << name;

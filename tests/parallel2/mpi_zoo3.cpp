@@ -56,7 +56,9 @@ TEST_P(ParallelZoo3, LogitsAndCapturesMatchTransformers5) {
   if (name == "deepseek_v2_group") params.pop_back();  // V2's router has no correction bias
   for (const auto& p : params) {
     const at::Tensor w = fm.get_module_parameter(p);
-    if (mesh().rank() == 0) EXPECT_TRUE(models_test::close(w, ckpt.get(p), name + " parameter " + p, 0.0, 0.0));
+    if (mesh().rank() == 0) {
+      EXPECT_TRUE(models_test::close(w, ckpt.get(p), name + " parameter " + p, 0.0, 0.0));
+    }
   }
   if (mesh().rank() != 0) return;
 

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "../models/golden_util.h"
 #include "cli_util.h"
 
 using cli_test::run;
@@ -76,7 +77,9 @@ TEST(CliZoo3, Nf4DeviceMapFor24GBGpu) {
       block_device[std::stoll(index)] = order.at(device.is_string() ? device.get<std::string>()
                                                                     : std::to_string(device.get<int>()));
     }
-    if (map.size() > 1) EXPECT_FALSE(block_device.empty());
+    if (map.size() > 1) {
+      EXPECT_FALSE(block_device.empty());
+    }
     int before = 0;
     for (const auto& [index, device] : block_device) {
       EXPECT_GE(device, before) << "block " << index;
@@ -100,8 +103,7 @@ TEST(CliZoo3, SubcommandsRunTheNewArchitectures) {
     const std::string golden = flex_test::data_path("golden5/" + name + ".golden.safetensors");
     const auto gt = flex::SafetensorsFile::open(golden);
     const at::Tensor mask = gt->get("attention_mask");
-    const at::Tensor rows = mask.flatten().nonzero().squeeze(1);
-    auto kept = [&](const at::Tensor& t) { return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows); };
+    auto kept = [&](const at::Tensor& t) { return models_test::kept(t, mask); };
     const bool renamed = info.contains("causal_lm_names");
     std::vector<std::string> hooks{info["captured"][0]};
     if (name.rfind("deepseek", 0) == 0) hooks.push_back("model.layers.1.self_attn.kv_a_proj_with_mqa");

@@ -77,7 +77,7 @@ int run_convert(const std::vector<std::string>& argv) {
   const ModelConfig model_cfg = load_config(dir);
   const bool dequantize = dequantized_at_load(model_cfg);
   const Checkpoint ckpt = Checkpoint::open(dir);
-  const Checkpoint viewed = open_model_checkpoint(dir, model_cfg);
+  const Checkpoint viewed = ckpt.with_view(model_checkpoint_view(model_cfg, ckpt));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   const auto quantization = quantization_option(args);
   std::shared_ptr<CausalLM> quantized;
