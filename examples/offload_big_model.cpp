@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -59,13 +60,24 @@ int main(int argc, char** argv) {
     auto t6 = now();
     std::printf("load: in memory %.1f ms, offloaded %.1f ms; forward: in memory %.1f ms, offloaded %.1f ms\n", ms(t0, t1),
                 ms(t2, t3), ms(t4, t5), ms(t5, t6));
-    std::printf("max |logits difference|: %g\n", (a - b).abs().max().item<double>());
+    // BLAS kernels may sum in a different order for weights at a different
+    // address alignment (mmapped checkpoint vs page-aligned offload file), so
+    // "the same" means equal up to float rounding, not bitwise.
+    auto close = [](const at::Tensor& x, const at::Tensor& y, double* diff) {
+      *diff = (x - y).abs().max().item<double>();
+      return *diff <= 1e-5 * std::max(1.0, x.abs().max().item<double>());
+    };
+    double dl = 0;
+    bool ok = close(a, b, &dl);
+    std::printf("max |logits difference|: %g\n", dl);
     if (!disk_block.empty()) {
-      const double d = (fm_full.output().at(disk_block)[0] - fm_off.output().at(disk_block)[0]).abs().max().item<double>();
-      std::printf("captured %s (weights on disk): max |difference| %g\n", disk_block.c_str(), d);
-      if (d != 0) return 1;
+      double d = 0;
+      const bool same = close(fm_full.output().at(disk_block)[0], fm_off.output().at(disk_block)[0], &d);
+      std::printf("captured %s (weights on disk): max |difference| %g (%s)\n", disk_block.c_str(), d,
+                  same ? "same up to float rounding" : "DIFFERENT");
+      ok = ok && same;
     }
-    return at::equal(a, b) ? 0 : 1;
+    return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_big_model: error: %s\n", e.what());
     return 1;
