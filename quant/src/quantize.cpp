@@ -167,38 +167,6 @@ at::Tensor dequantize_int8_rowwise(const at::Tensor& cb, const at::Tensor& scb) 
   return (cb.to(at::kFloat) * scb.to(at::kFloat).unsqueeze(1)) * kInv127;
 }
 
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tensor& scb, const at::Tensor& bias,
-                       double threshold) {
-  const int64_t in = cb.size(1), out_features = cb.size(0);
-  if (x.size(-1) != in)
-    throw ShapeError("Linear8bitLt: input has " + std::to_string(x.size(-1)) + " features, the weight " + std::to_string(in));
-  std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = out_features;
-  const at::Tensor a = x.reshape({-1, in});
-  at::Tensor a16 = a.to(at::kHalf).to(at::kFloat);
-  at::Tensor outlier_cols;
-  if (threshold > 0) {
-    const at::Tensor outlier = a16.abs().ge(threshold);
-    outlier_cols = outlier.any(0).nonzero().squeeze(1);
-    a16 = a16.masked_fill(outlier, 0.0);  // outlier elements leave the row statistics
-  }
-  const at::Tensor sca = a16.abs().amax(1);
-  // ... and whole outlier columns leave the int8 part (they run below in x's dtype).
-  if (outlier_cols.defined() && a.size(0) > 1 && outlier_cols.numel() > 0) a16.index_fill_(1, outlier_cols, 0.0);
-  const at::Tensor ca = rowwise_codes(a16, sca);
-  // int8 x int8 products summed in float32, exact while |sum| < 2^24 (bitsandbytes' CPU fallback).
-  const at::Tensor acc = at::matmul(ca.to(at::kFloat), cb.to(at::kFloat).t());
-  constexpr float kInv16129 = 6.200012e-05f;  // float32(1/(127*127))
-  at::Tensor out = acc * sca.unsqueeze(1) * scb.to(at::kFloat).unsqueeze(0) * kInv16129;
-  out = out.to(x.scalar_type());
-  if (bias.defined()) out = out + bias.to(x.scalar_type());
-  if (outlier_cols.defined() && outlier_cols.numel() > 0) {
-    const at::Tensor w = dequantize_int8_rowwise(cb.index_select(1, outlier_cols), scb).to(x.scalar_type());
-    out = out.addmm(a.index_select(1, outlier_cols), w.t());
-  }
-  return out.view(out_shape);
-}
-
 // --- blockwise 8-bit (the nested absmax) ---------------------------------------
 
 Blockwise8 quantize_blockwise_8bit(const at::Tensor& x, const at::Tensor& code, int64_t blocksize) {

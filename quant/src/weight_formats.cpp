@@ -58,9 +58,7 @@ at::Tensor FourBitFormat::dequantize(const DenseLayer& layer) const {
 }
 
 at::Tensor FourBitFormat::linear(const DenseLayer& layer, const at::Tensor& x) const {
-  const at::Tensor w = dequantize(layer);
-  const at::Tensor b = layer.bias.defined() ? layer.bias.to(compute_) : at::Tensor();
-  return at::linear(x.to(compute_), w, b).to(x.scalar_type());
+  return four_bit_linear(weight_of(layer), x, layer.bias, compute_);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> four_bit_tensors(const FourBitWeight& w) {

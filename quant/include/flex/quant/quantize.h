@@ -39,8 +39,9 @@ Int8Weight quantize_int8_rowwise(const at::Tensor& weight);
 at::Tensor dequantize_int8_rowwise(const at::Tensor& cb, const at::Tensor& scb);
 /// LLM.int8()'s matmul x W^T + bias: input feature columns holding an
 /// element with |x| >= threshold (threshold > 0) use the dequantized weight
-/// columns in x's dtype; the rest is int8 x int8 with x quantized per row.
-/// The result has x's dtype.
+/// columns in float; the rest is int8 x int8 (exact int32 sums) with x
+/// quantized per row via float16. The result has x's dtype. One pass over
+/// the int8 weight (int8_linear.cpp), vectorised for the CPU (cpu_isa.h).
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tensor& scb, const at::Tensor& bias,
                        double threshold);
 
@@ -70,6 +71,12 @@ struct FourBitWeight {
 FourBitWeight quantize_4bit(const at::Tensor& weight, FourBitType type, bool double_quant, int64_t blocksize = 64);
 /// The weight in float32, shaped as it was.
 at::Tensor dequantize_4bit(const FourBitWeight& w);
+/// x W^T + bias for a 2-D 4-bit weight, computed in `compute` (x and bias
+/// are cast to it first, as bitsandbytes does) and returned in x's dtype:
+/// within float rounding of at::linear on dequantize_4bit(w), without ever
+/// holding the whole dequantized weight (four_bit_linear.cpp).
+at::Tensor four_bit_linear(const FourBitWeight& w, const at::Tensor& x, const at::Tensor& bias,
+                           at::ScalarType compute);
 /// The packed 4-bit codes (n values, high nibble first) unpacked to uint8.
 at::Tensor unpack_4bit(const at::Tensor& packed, int64_t n);
 

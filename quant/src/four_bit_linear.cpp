@@ -1,0 +1,300 @@
+// 4-bit (NF4 / FP4) x W^T + b on the CPU without a whole dequantized weight:
+//
+//  - decode shapes (a few input rows): each packed row is read once, its
+//    codes looked up in registers (a 16-entry table in one vector), scaled
+//    per block and multiplied into every input row as it streams by;
+//  - prefill shapes: the weight is dequantized a tile of rows at a time
+//    into a small buffer in the compute dtype, multiplied by the library's
+//    GEMM, and the buffer reused, so at most a tile per thread exists.
+//
+// The input is rearranged once per call to match the packed order: in each
+// 32-value group the 16 bytes hold values 0,1 | 2,3 | ... high nibble first,
+// so the group's high nibbles meet x[0], x[2], ..., x[30] and its low
+// nibbles x[1], x[3], ..., x[31].
+#include "kernel_target.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/quant/cpu_isa.h>
+#include <flex/quant/quantize.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+// GCC 12 flags the deliberately undefined upper lanes inside its own
+// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace flex {
+
+namespace {
+
+constexpr int kFourBitGroup = 8;         // input rows per pass over a weight row
+constexpr int64_t kFourBitDecodeRows = 8;  // more rows than this take the tiled GEMM
+constexpr int64_t kTileBytes = 1 << 20;    // dequantized tile per thread (float32)
+
+// The per-block scale: the absmax, or its double-quantized form decoded.
+struct BlockScales {
+  const float* plain = nullptr;   // [blocks] float32
+  const uint8_t* codes = nullptr;  // [blocks] uint8 (nested)
+  const float* nested_absmax = nullptr;
+  const float* nested_code = nullptr;
+  float offset = 0.0f;
+  float operator()(int64_t b) const {
+    // As dequantize_blockwise_8bit + offset: code * absmax, then + offset.
+    return plain ? plain[b] : nested_code[codes[b]] * nested_absmax[b >> 8] + offset;
+  }
+};
+
+struct FourBitView {
+  const uint8_t* packed;
+  BlockScales scale;
+  const float* code;  // 16 values
+  int64_t rows, k, bs;
+  bool aligned() const { return k % bs == 0; }  // blocks never straddle rows (bs >= 32 is even)
+};
+
+// x (in float, already rounded through the compute dtype) rearranged per 32-group.
+std::vector<float> deinterleave(const float* x, int64_t M, int64_t K) {
+  std::vector<float> d(M * K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < K; g += 32)
+      for (int i = 0; i < 16; ++i) {
+        d[m * K + g + i] = x[m * K + g + 2 * i];
+        d[m * K + g + 16 + i] = x[m * K + g + 2 * i + 1];
+      }
+  return d;
+}
+
+template <int G>
+void fb_rows_scalar(const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
+  const int64_t K = w.k, nb = K / w.bs;
+  const uint8_t* p = w.packed + j * (K / 2);
+  float acc[G] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    float blk[G] = {};
+    for (int64_t off = b * w.bs; off < (b + 1) * w.bs; off += 32)
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t byte = p[off / 2 + i];
+        const float hi = w.code[byte >> 4], lo = w.code[byte & 15];
+        for (int g = 0; g < G; ++g) blk[g] += hi * xd[(m0 + g) * K + off + i] + lo * xd[(m0 + g) * K + off + 16 + i];
+      }
+    const float s = w.scale(j * nb + b);
+    for (int g = 0; g < G; ++g) acc[g] += blk[g] * s;
+  }
+  for (int g = 0; g < G; ++g) res[g] = acc[g];
+}
+
+#if FLEX_HAVE_X86_KERNELS
+template <int G>
+FLEX_TARGET_AVX512 void fb_rows_avx512(const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
+  const int64_t K = w.k, nb = K / w.bs;
+  const uint8_t* p = w.packed + j * (K / 2);
+  const __m512 lut = _mm512_loadu_ps(w.code);
+  __m512 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 blk[G];
+    for (int g = 0; g < G; ++g) blk[g] = _mm512_setzero_ps();
+    for (int64_t off = b * w.bs; off < (b + 1) * w.bs; off += 32) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
+      // vpermps reads the low 4 bits of each index: the low nibble needs no mask.
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+      const __m512 lo = _mm512_permutexvar_ps(v, lut);
+      for (int g = 0; g < G; ++g) {
+        const float* x = xd + (m0 + g) * K + off;
+        blk[g] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x), blk[g]);
+        blk[g] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16), blk[g]);
+      }
+    }
+    const __m512 s = _mm512_set1_ps(w.scale(j * nb + b));
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(blk[g], s, acc[g]);
+  }
+  for (int g = 0; g < G; ++g) res[g] = _mm512_reduce_add_ps(acc[g]);
+}
+
+FLEX_TARGET_AVX2 inline float fb_hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 16 code values in two 8-lane halves; bit 3 of the code (moved to the sign bit) picks the half.
+FLEX_TARGET_AVX2 inline __m256 fb_lookup_avx2(__m256i idx, __m256i sign_is_bit3, __m256 lo8, __m256 hi8) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo8, idx), _mm256_permutevar8x32_ps(hi8, idx),
+                          _mm256_castsi256_ps(sign_is_bit3));
+}
+
+template <int G>
+FLEX_TARGET_AVX2 void fb_rows_avx2(const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
+  const int64_t K = w.k, nb = K / w.bs;
+  const uint8_t* p = w.packed + j * (K / 2);
+  const __m256 lo8 = _mm256_loadu_ps(w.code), hi8 = _mm256_loadu_ps(w.code + 8);
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 blk[G];
+    for (int g = 0; g < G; ++g) blk[g] = _mm256_setzero_ps();
+    for (int64_t off = b * w.bs; off < (b + 1) * w.bs; off += 32) {
+      for (int half = 0; half < 2; ++half) {  // bytes 0-7, then 8-15 of the group
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + off / 2 + 8 * half)));
+        const __m256 hi = fb_lookup_avx2(_mm256_srli_epi32(v, 4), _mm256_slli_epi32(v, 24), lo8, hi8);
+        const __m256 lo = fb_lookup_avx2(v, _mm256_slli_epi32(v, 28), lo8, hi8);
+        for (int g = 0; g < G; ++g) {
+          const float* x = xd + (m0 + g) * K + off + 8 * half;
+          blk[g] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x), blk[g]);
+          blk[g] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + 16), blk[g]);
+        }
+      }
+    }
+    const __m256 s = _mm256_set1_ps(w.scale(j * nb + b));
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(blk[g], s, acc[g]);
+  }
+  for (int g = 0; g < G; ++g) res[g] = fb_hsum_avx2(acc[g]);
+}
+
+// Rows [r0, r1) of an aligned weight dequantized into out (row-major, float32).
+FLEX_TARGET_AVX512 void fb_dequant_avx512(const FourBitView& w, int64_t r0, int64_t r1, float* out) {
+  const __m512 lut = _mm512_loadu_ps(w.code);
+  const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i odd = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t e = r0 * w.k; e < r1 * w.k; e += 32) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.packed + e / 2)));
+    const __m512 s = _mm512_set1_ps(w.scale(e / w.bs));
+    const __m512 hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut), s);
+    const __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), s);
+    float* o = out + (e - r0 * w.k);
+    _mm512_storeu_ps(o, _mm512_permutex2var_ps(hi, even, lo));
+    _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(hi, odd, lo));
+  }
+}
+#endif
+
+// Any layout (blocks may straddle rows, odd sizes): value by value.
+void fb_dequant_scalar(const FourBitView& w, int64_t r0, int64_t r1, float* out) {
+  for (int64_t e = r0 * w.k; e < r1 * w.k; ++e) {
+    const uint8_t byte = w.packed[e / 2];
+    *out++ = w.code[e % 2 == 0 ? byte >> 4 : byte & 15] * w.scale(e / w.bs);
+  }
+}
+
+template <int G>
+void fb_rows(Isa isa, const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
+#if FLEX_HAVE_X86_KERNELS
+  if (isa == Isa::Avx512) return fb_rows_avx512<G>(w, xd, m0, j, res);
+  if (isa == Isa::Avx2) return fb_rows_avx2<G>(w, xd, m0, j, res);
+#endif
+  fb_rows_scalar<G>(w, xd, m0, j, res);
+}
+
+void fb_rows_group(Isa isa, int g, const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
+  switch (g) {
+    case 1: return fb_rows<1>(isa, w, xd, m0, j, res);
+    case 2: return fb_rows<2>(isa, w, xd, m0, j, res);
+    case 3: return fb_rows<3>(isa, w, xd, m0, j, res);
+    case 4: return fb_rows<4>(isa, w, xd, m0, j, res);
+    case 5: return fb_rows<5>(isa, w, xd, m0, j, res);
+    case 6: return fb_rows<6>(isa, w, xd, m0, j, res);
+    case 7: return fb_rows<7>(isa, w, xd, m0, j, res);
+    default: return fb_rows<8>(isa, w, xd, m0, j, res);
+  }
+}
+
+void fb_dequant(Isa isa, const FourBitView& w, int64_t r0, int64_t r1, float* out) {
+#if FLEX_HAVE_X86_KERNELS
+  if (isa == Isa::Avx512 && w.aligned()) return fb_dequant_avx512(w, r0, r1, out);
+#endif
+  fb_dequant_scalar(w, r0, r1, out);
+}
+
+}  // namespace
+
+at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const at::Tensor& bias,
+                           at::ScalarType compute) {
+  if (fw.shape.size() != 2)
+    throw ShapeError("Linear4bit: the quant state's shape must be 2-D, got " + std::to_string(fw.shape.size()) + " dims");
+  const int64_t N = fw.shape[0], K = fw.shape[1], n = N * K;
+  const int64_t blocks = (n + fw.blocksize - 1) / fw.blocksize;
+  if (fw.packed.scalar_type() != at::kByte || fw.packed.numel() != (n + 1) / 2)
+    throw ShapeError("Linear4bit: expected " + std::to_string((n + 1) / 2) + " packed bytes for a [" + std::to_string(N) +
+                     ", " + std::to_string(K) + "] weight, got " + std::to_string(fw.packed.numel()));
+  if (fw.absmax.numel() != blocks)
+    throw ShapeError("Linear4bit: " + std::to_string(blocks) + " blocks of " + std::to_string(fw.blocksize) +
+                     " need as many absmax values, got " + std::to_string(fw.absmax.numel()));
+  if (x.size(-1) != K)
+    throw ShapeError("Linear4bit: input has " + std::to_string(x.size(-1)) + " features, the weight " + std::to_string(K));
+  if (bias.defined() && bias.numel() != N)
+    throw ShapeError("Linear4bit: bias has " + std::to_string(bias.numel()) + " values for " + std::to_string(N) + " rows");
+
+  const at::Tensor packed = fw.packed.contiguous();
+  at::Tensor absmax, nested_absmax, nested_code;
+  FourBitView w{packed.data_ptr<uint8_t>(), {}, four_bit_code(fw.type).data(), N, K, fw.blocksize};
+  if (fw.nested()) {
+    absmax = fw.absmax.contiguous();
+    nested_absmax = fw.nested_absmax.to(at::kFloat).contiguous();
+    nested_code = fw.nested_code.to(at::kFloat).contiguous();
+    if (absmax.scalar_type() != at::kByte || nested_code.numel() != 256 || nested_absmax.numel() != (blocks + 255) / 256)
+      throw ShapeError("Linear4bit: the double-quantized absmax needs uint8 codes, a 256-value code and one scale per 256 blocks");
+    w.scale.codes = absmax.data_ptr<uint8_t>();
+    w.scale.nested_absmax = nested_absmax.data_ptr<float>();
+    w.scale.nested_code = nested_code.data_ptr<float>();
+    w.scale.offset = static_cast<float>(fw.offset);
+  } else {
+    absmax = fw.absmax.to(at::kFloat).contiguous();
+    w.scale.plain = absmax.data_ptr<float>();
+  }
+
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  const at::Tensor a = x.reshape({-1, K}).to(compute);
+  const int64_t M = a.size(0);
+  const at::Tensor b = bias.defined() ? bias.to(compute) : at::Tensor();
+  const Isa isa = cpu_isa();
+
+  if (M <= kFourBitDecodeRows && w.aligned()) {
+    const at::Tensor xf = a.to(at::kFloat).contiguous();
+    const std::vector<float> xd = deinterleave(xf.data_ptr<float>(), M, K);
+    at::Tensor out = at::empty({M, N}, at::kFloat);
+    float* op = out.data_ptr<float>();
+    // Each output column is computed whole by one thread: the same bits for any thread count.
+    at::parallel_for(0, N, 16, [&](int64_t j0, int64_t j1) {
+      float res[kFourBitGroup];
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t m0 = 0; m0 < M; m0 += kFourBitGroup) {
+          const int g = static_cast<int>(std::min<int64_t>(kFourBitGroup, M - m0));
+          fb_rows_group(isa, g, w, xd.data(), m0, j, res);
+          for (int t = 0; t < g; ++t) op[(m0 + t) * N + j] = res[t];
+        }
+    });
+    if (b.defined()) out.add_(b.to(at::kFloat));
+    return out.to(compute).to(x.scalar_type()).view(out_shape);
+  }
+
+  // Tiled: a tile of rows dequantized (in float32, then the compute dtype) and multiplied.
+  const int64_t tile = std::max<int64_t>(16, std::min<int64_t>(N, kTileBytes / (4 * std::max<int64_t>(K, 1))));
+  const int64_t tiles = (N + tile - 1) / tile;
+  at::Tensor out = at::empty({M, N}, a.options());
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    at::Tensor buf = at::empty({tile, K}, at::kFloat);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * tile, r1 = std::min(N, r0 + tile);
+      fb_dequant(isa, w, r0, r1, buf.data_ptr<float>());
+      const at::Tensor wt = buf.narrow(0, 0, r1 - r0).to(compute);
+      out.narrow(1, r0, r1 - r0).copy_(at::linear(a, wt, b.defined() ? b.narrow(0, r0, r1 - r0) : at::Tensor()));
+    }
+  });
+  return out.to(x.scalar_type()).view(out_shape);
+}
+
+}  // namespace flex
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
