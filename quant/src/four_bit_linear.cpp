@@ -97,24 +97,52 @@ FLEX_TARGET_AVX512 void fb_rows_avx512(const FourBitView& w, const float* xd, in
   const int64_t K = w.k, nb = K / w.bs;
   const uint8_t* p = w.packed + j * (K / 2);
   const __m512 lut = _mm512_loadu_ps(w.code);
+  // Independent accumulators (high / low nibbles, two 32-value groups) so the
+  // FMAs do not wait on each other; one chain per block for the scale.
+  constexpr int kChains = G <= 2 ? 4 : 2;
   __m512 acc[G];
   for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512 blk[G];
-    for (int g = 0; g < G; ++g) blk[g] = _mm512_setzero_ps();
-    for (int64_t off = b * w.bs; off < (b + 1) * w.bs; off += 32) {
-      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
+    __m512 blk[G][kChains];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < kChains; ++c) blk[g][c] = _mm512_setzero_ps();
+    int64_t off = b * w.bs;
+    const int64_t end = off + w.bs;
+    for (; off + 64 <= end; off += 64) {
+      // The next rows' bytes are requested ahead: one stream per thread is
+      // not enough for the hardware prefetcher to keep memory busy.
+      _mm_prefetch(reinterpret_cast<const char*>(p + off / 2 + 1024), _MM_HINT_T0);
+      const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
+      const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2 + 16)));
       // vpermps reads the low 4 bits of each index: the low nibble needs no mask.
+      const __m512 h0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut);
+      const __m512 l0 = _mm512_permutexvar_ps(v0, lut);
+      const __m512 h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut);
+      const __m512 l1 = _mm512_permutexvar_ps(v1, lut);
+      for (int g = 0; g < G; ++g) {
+        const float* x = xd + (m0 + g) * K + off;
+        blk[g][0] = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x), blk[g][0]);
+        blk[g][1] = _mm512_fmadd_ps(l0, _mm512_loadu_ps(x + 16), blk[g][1]);
+        blk[g][kChains - 2] = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + 32), blk[g][kChains - 2]);
+        blk[g][kChains - 1] = _mm512_fmadd_ps(l1, _mm512_loadu_ps(x + 48), blk[g][kChains - 1]);
+      }
+    }
+    for (; off < end; off += 32) {  // a block of 32
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
       const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
       const __m512 lo = _mm512_permutexvar_ps(v, lut);
       for (int g = 0; g < G; ++g) {
         const float* x = xd + (m0 + g) * K + off;
-        blk[g] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x), blk[g]);
-        blk[g] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16), blk[g]);
+        blk[g][0] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x), blk[g][0]);
+        blk[g][1] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16), blk[g][1]);
       }
     }
     const __m512 s = _mm512_set1_ps(w.scale(j * nb + b));
-    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(blk[g], s, acc[g]);
+    for (int g = 0; g < G; ++g) {
+      __m512 sum = _mm512_add_ps(blk[g][0], blk[g][1]);
+      if (kChains == 4) sum = _mm512_add_ps(sum, _mm512_add_ps(blk[g][2], blk[g][3]));
+      acc[g] = _mm512_fmadd_ps(sum, s, acc[g]);
+    }
   }
   for (int g = 0; g < G; ++g) res[g] = _mm512_reduce_add_ps(acc[g]);
 }

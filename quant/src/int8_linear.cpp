@@ -30,6 +30,7 @@ namespace flex {
 namespace {
 
 constexpr int kGroup = 8;                   // input rows multiplied per pass over a weight row
+constexpr int64_t kInt8DecodeRows = 8;      // more input rows take the int8 GEMM
 constexpr float kInv16129 = 6.200012e-05f;  // float32(1/(127*127))
 constexpr float kInv127w = 7.874015718698502e-3f;
 
@@ -120,6 +121,24 @@ FLEX_TARGET_AVX512 void dots_avx512(const int8_t* w, const Int8Input& in, int64_
   __m512i wsum = _mm512_setzero_si512();
   const __m512i ones = _mm512_set1_epi8(1);
   int64_t k = 0;
+  if (G <= 4) {  // two chunks per step: independent chains for few input rows
+    __m512i acc2[G];
+    for (int g = 0; g < G; ++g) acc2[g] = _mm512_setzero_si512();
+    __m512i wsum2 = _mm512_setzero_si512();
+    for (; k + 128 <= K; k += 128) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + 2048), _MM_HINT_T0);  // rows ahead (see four_bit_linear.cpp)
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + 2048 + 64), _MM_HINT_T0);
+      const __m512i w0 = _mm512_loadu_si512(w + k), w1 = _mm512_loadu_si512(w + k + 64);
+      wsum = _mm512_dpbusd_epi32(wsum, ones, w0);
+      wsum2 = _mm512_dpbusd_epi32(wsum2, ones, w1);
+      for (int g = 0; g < G; ++g) {
+        acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_loadu_si512(x + g * K + k), w0);
+        acc2[g] = _mm512_dpbusd_epi32(acc2[g], _mm512_loadu_si512(x + g * K + k + 64), w1);
+      }
+    }
+    wsum = _mm512_add_epi32(wsum, wsum2);
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_add_epi32(acc[g], acc2[g]);
+  }
   for (; k + 64 <= K; k += 64) {
     const __m512i wv = _mm512_loadu_si512(w + k);
     wsum = _mm512_dpbusd_epi32(wsum, ones, wv);
@@ -224,6 +243,14 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tens
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   const int64_t nc = static_cast<int64_t>(in.outlier_cols.size());
+  // Prefill: the int8 GEMM of libtorch (oneDNN; AMX / VNNI where the CPU has
+  // them) on the stored weight itself, exact in int32; decode: the kernels above.
+  at::Tensor gemm;
+  if (M > kInt8DecodeRows) {
+    const at::Tensor codes = at::from_blob(const_cast<int8_t*>(in.codes.data()), {M, K}, at::kChar);
+    gemm = at::_int_mm(codes, w.t());
+  }
+  const int32_t* gp = gemm.defined() ? gemm.data_ptr<int32_t>() : nullptr;
   // Each output column is computed whole by one thread: the same bits for any thread count.
   at::parallel_for(0, N, 16, [&](int64_t j0, int64_t j1) {
     int32_t dots[kGroup];
@@ -232,7 +259,11 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tens
       const float wscale = sp[j];
       for (int64_t m0 = 0; m0 < M; m0 += kGroup) {
         const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m0));
-        dots_group(isa, g, wr, in, m0, dots);
+        if (gp) {
+          for (int t = 0; t < g; ++t) dots[t] = gp[(m0 + t) * N + j];
+        } else {
+          dots_group(isa, g, wr, in, m0, dots);
+        }
         for (int t = 0; t < g; ++t) {
           const int64_t m = m0 + t;
           float v = static_cast<float>(dots[t]) * in.scale[m] * wscale * kInv16129;

@@ -5,6 +5,7 @@
 #include <flex/quant/quantize.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -128,6 +129,33 @@ void check_blocksize(int64_t b) {
     throw ConfigError("block size must be a power of two in [32, 4096], got " + std::to_string(b));
 }
 
+
+// f(row, float values of the row) for every row of a 2-D floating tensor, rows
+// spread over libtorch's threads; other dtypes converted a row at a time.
+template <typename F>
+void for_each_float_row(const at::Tensor& weight, const F& f) {
+  const at::Tensor w = weight.detach().contiguous();
+  const int64_t rows = w.size(0), cols = w.size(1);
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(w.scalar_type() == at::kFloat ? 0 : cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (w.scalar_type() == at::kFloat) {
+        f(r, w.data_ptr<float>() + r * cols);
+      } else {
+        at::Tensor row = at::from_blob(buf.data(), {cols}, at::kFloat);
+        row.copy_(w[r]);  // the same rounding as .to(kFloat)
+        f(r, buf.data());
+      }
+    }
+  });
+}
+
+// round(x) half to even onto int8 as nan_to_num(.., 0, 127, -127) leaves it.
+inline int8_t to_code8(float x) {
+  if (std::isnan(x)) return 0;
+  const float r = std::nearbyint(x);
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+}
 }  // namespace
 
 FourBitType four_bit_type(const std::string& name) {
@@ -145,21 +173,36 @@ const std::array<float, 256>& dynamic_code() { return kDynamic; }
 // --- 8-bit -------------------------------------------------------------------
 
 namespace {
-// round(v * (127 / absmax)) per row, half to even; an all-zero row gives 0.
-at::Tensor rowwise_codes(const at::Tensor& v, const at::Tensor& absmax) {
-  at::Tensor q = at::round(v * (127.0f / absmax).unsqueeze(1));
-  return at::nan_to_num(q, 0.0, 127.0, -127.0).to(at::kChar);
-}
 constexpr float kInv127 = 7.874015718698502e-3f;  // float32(1/127), as int8_vectorwise_dequant
 }  // namespace
 
 Int8Weight quantize_int8_rowwise(const at::Tensor& weight) {
   if (weight.dim() != 2) throw ShapeError("8-bit quantization needs a 2-D weight, got " + std::to_string(weight.dim()) + " dims");
-  // bitsandbytes converts the weight to float16 first.
-  const at::Tensor b = weight.detach().to(at::kHalf).to(at::kFloat);
+  if (!at::isFloatingType(weight.scalar_type()))
+    throw ConfigError(std::string("8-bit quantization needs a floating-point weight, got ") + c10::toString(weight.scalar_type()));
+  const int64_t rows = weight.size(0), cols = weight.size(1);
   Int8Weight w;
-  w.scb = b.abs().amax(1);
-  w.cb = rowwise_codes(b, w.scb);
+  w.scb = at::empty({rows}, at::kFloat);
+  w.cb = at::empty({rows, cols}, at::kChar);
+  float* scb = w.scb.data_ptr<float>();
+  int8_t* cb = w.cb.data_ptr<int8_t>();
+  // One pass per row, rows in parallel (each row whole on one thread).
+  for_each_float_row(weight, [&](int64_t r, const float* v) {
+    // bitsandbytes converts the weight to float16 first.
+    std::vector<float> h(cols);
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t c = 0; c < cols; ++c) {
+      h[c] = static_cast<float>(c10::Half(v[c]));
+      const float a = std::abs(h[c]);
+      nan = nan || std::isnan(a);
+      amax = a > amax ? a : amax;
+    }
+    if (nan) amax = NAN;
+    scb[r] = amax;
+    const float mul = 127.0f / amax;
+    for (int64_t c = 0; c < cols; ++c) cb[r * cols + c] = to_code8(h[c] * mul);
+  });
   return w;
 }
 
@@ -209,30 +252,55 @@ FourBitWeight quantize_4bit(const at::Tensor& weight, FourBitType type, bool dou
   w.shape = weight.sizes().vec();
   w.dtype = weight.scalar_type();
   dtype_name(w.dtype);  // supported?
-  const int64_t n = weight.numel();
-  at::Tensor blocks = blocks_of(weight.detach(), blocksize);
-  at::Tensor absmax = blocks.abs().amax(1);
-  // x * (1 / absmax); an all-zero block gives NaN, which the kernels send to code 0.
-  at::Tensor x = (blocks * (1.0f / absmax).unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
-  const at::Tensor nan = x.isnan();
-  at::Tensor codes;
-  if (type == FourBitType::NF4) {
-    const at::Tensor t = table(kNf4.data(), 16);
-    const at::Tensor thresholds = (t.narrow(0, 0, 15) + t.narrow(0, 1, 15)) * 0.5f;
-    codes = at::bucketize(x.masked_fill(nan, -2.0), thresholds);  // #thresholds < x
-  } else {
-    const at::Tensor thr = table(kFp4Thresholds, 7);
-    const at::Tensor bits = at::tensor(std::vector<int64_t>(kFp4Bits, kFp4Bits + 8));
-    const at::Tensor clean = x.masked_fill(nan, 0.0);
-    codes = bits.index({at::bucketize(clean.abs(), thr)}) + clean.lt(0).to(at::kLong) * 8;
-  }
-  if (n % 2 == 1) {
-    // The missing last element is quantized as 0.
-    const int64_t zero_code = type == FourBitType::NF4 ? 7 : 0;
-    codes = at::cat({codes, at::full({1}, zero_code, codes.options())});
-  }
-  codes = codes.view({-1, 2});
-  w.packed = (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte).view({-1, 1});
+  const int64_t n = weight.numel(), nb = (n + blocksize - 1) / blocksize;
+  const at::Tensor flat = weight.detach().contiguous().view({-1});
+  at::Tensor absmax = at::empty({nb}, at::kFloat);
+  w.packed = at::empty({(n + 1) / 2, 1}, at::kByte);
+  float* am = absmax.data_ptr<float>();
+  uint8_t* packed = w.packed.data_ptr<uint8_t>();
+  // The decision thresholds in float32, as the tensor path computed them.
+  float nf4_thr[15];
+  for (int i = 0; i < 15; ++i) nf4_thr[i] = (kNf4[i] + kNf4[i + 1]) * 0.5f;
+  const bool nf4 = type == FourBitType::NF4;
+  // Blocks spread over libtorch's threads; a chunk of blocks is whole bytes (blocks are even).
+  at::parallel_for(0, nb, std::max<int64_t>(1, 16384 / blocksize), [&](int64_t b0, int64_t b1) {
+    const int64_t e0 = b0 * blocksize, e1 = std::min(n, b1 * blocksize);
+    std::vector<float> vals(e1 - e0);
+    at::from_blob(vals.data(), {e1 - e0}, at::kFloat).copy_(flat.narrow(0, e0, e1 - e0));  // .to(kFloat)'s rounding
+    std::vector<uint8_t> codes(vals.size() + 1);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t s0 = b * blocksize - e0, s1 = std::min(e1, (b + 1) * blocksize) - e0;
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t i = s0; i < s1; ++i) {
+        const float a = std::abs(vals[i]);
+        nan = nan || std::isnan(a);
+        amax = a > amax ? a : amax;
+      }
+      if (nan) amax = NAN;
+      am[b] = amax;
+      // x * (1 / absmax); an all-zero block gives NaN, which the kernels send to code 0.
+      const float inv = 1.0f / amax;
+      for (int64_t i = s0; i < s1; ++i) {
+        const float x = vals[i] * inv;
+        int pos = 0;
+        if (std::isnan(x)) {
+          codes[i] = 0;
+        } else if (nf4) {  // #thresholds < x, branch-free over the 15 sorted thresholds
+          for (int step = 8; step >= 1; step >>= 1) pos += nf4_thr[pos + step - 1] < x ? step : 0;
+          codes[i] = static_cast<uint8_t>(pos);
+        } else {
+          const float a = std::abs(x);
+          for (int step = 4; step >= 1; step >>= 1) pos += kFp4Thresholds[pos + step - 1] < a ? step : 0;
+          codes[i] = static_cast<uint8_t>(kFp4Bits[pos] + (x < 0 ? 8 : 0));
+        }
+      }
+    }
+    // The missing last element of an odd count is quantized as 0.
+    codes[vals.size()] = nf4 ? 7 : 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(vals.size()); i += 2)
+      packed[(e0 + i) / 2] = static_cast<uint8_t>(codes[i] << 4 | codes[i + 1]);
+  });
   if (!double_quant) {
     w.absmax = absmax;
     return w;

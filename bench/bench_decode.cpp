@@ -1,0 +1,352 @@
+// Greedy decoding speed, flexmodel against Transformers (+ bitsandbytes) in
+// the same run: a Llama-shaped ~1.1B model (TinyLlama's shape: 22 x 2048,
+// MLP 5632, 32/4 heads, vocab 32000; random weights written once) and GPT-2
+// small, prompt 1 x P then N new tokens (default 128 + 128), in fp32, bf16,
+// int8 and nf4 (quantized models keep embeddings, norms and head in bf16, as
+// bitsandbytes does), and with 12 FlexModel captures attached. For each:
+// prompt latency, ms/token and tokens/s of the decode steps, the bytes of
+// weights a decode step reads (every weight once; the embedding tables but
+// one row) and the effective GB/s against this machine's read bandwidth,
+// measured in the same run. The variants are interleaved round by round;
+// each peer is a Python process (bench/peers/hf_decode.py) that keeps its
+// model loaded and runs when told, timed the same way (a prompt forward,
+// then generate; decode = (generate - prompt forward) / (N - 1)).
+//
+//   OMP_WAIT_POLICY=PASSIVE ./bench_decode [--rounds R] [--threads T] [--prompt P] [--new N]
+//        [--models llama,gpt2] [--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]
+#include "bench_util.h"
+
+#include <flex/flexcore/flex_model.h>
+#include <flex/models/from_pretrained.h>
+#include <flex/models/generate.h>
+#include <flex/quant/cpu_isa.h>
+
+#include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kLlama1B = R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000,
+  "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+  "intermediate_size": 5632, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "tie_word_embeddings": false, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2})";
+
+struct Args {
+  int rounds = 2, threads = 2, prompt = 128, new_tokens = 128;
+  std::vector<std::string> models{"llama", "gpt2"}, formats{"fp32", "bf16", "int8", "nf4"};
+  std::string python = std::string(FLEX_SOURCE_DIR) + "/scripts/golden/.venv/bin/python";
+  bool peers = true;
+  std::string work = (fs::temp_directory_path() / "flex_bench_decode").string();
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream in(s);
+  for (std::string x; std::getline(in, x, ',');)
+    if (!x.empty()) v.push_back(x);
+  return v;
+}
+
+bool parse(int argc, char** argv, Args& a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--rounds") a.rounds = std::stoi(val());
+    else if (k == "--threads") a.threads = std::stoi(val());
+    else if (k == "--prompt") a.prompt = std::stoi(val());
+    else if (k == "--new") a.new_tokens = std::stoi(val());
+    else if (k == "--models") a.models = split(val());
+    else if (k == "--formats") a.formats = split(val());
+    else if (k == "--python") a.python = val();
+    else if (k == "--no-peers") a.peers = false;
+    else if (k == "--work") a.work = val();
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_decode [--rounds R] [--threads T] [--prompt P] [--new N] [--models llama,gpt2] "
+                   "[--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]\n");
+      return false;
+    }
+  }
+  return a.new_tokens >= 2 && a.rounds >= 1;
+}
+
+flex::PretrainedOptions options(const std::string& format) {
+  flex::PretrainedOptions o;
+  if (format == "bf16") o.torch_dtype = "bfloat16";
+  if (format == "int8" || format == "nf4") {
+    o.quantization = flex::quantization_from_string(format, at::kBFloat16);
+    o.torch_dtype = "bfloat16";
+  }
+  return o;
+}
+
+at::Tensor prompt_ids(int n, int64_t vocab) {
+  at::Tensor ids = at::empty({1, n}, at::kLong);
+  for (int i = 0; i < n; ++i) ids[0][i] = (static_cast<int64_t>(i) * 7919 + 13) % vocab;
+  return ids;
+}
+
+// Bytes a decode step reads of the model's tensors: each storage once, the
+// input embedding tables only for their one row (unless the head shares them).
+double weight_bytes_per_token(flex::CausalLM& model) {
+  const std::string head = flex::output_head_name(model);
+  const void* head_ptr = nullptr;
+  for (const auto& [name, t] : flex::state_dict(model))
+    if (name == head + ".weight") head_ptr = t.data_ptr();
+  std::set<const void*> embedding_tables;
+  for (const auto& item : model.named_modules())
+    if (auto* e = dynamic_cast<flex::Embedding*>(item.value().get()))
+      if (e->weight.data_ptr() != head_ptr) embedding_tables.insert(e->weight.data_ptr());
+  std::set<const void*> seen;
+  double bytes = 0;
+  for (const auto& [name, t] : flex::state_dict(model)) {
+    if (!seen.insert(t.data_ptr()).second) continue;
+    bytes += embedding_tables.count(t.data_ptr()) ? static_cast<double>(t.nbytes()) / t.size(0) : t.nbytes();
+  }
+  return bytes;
+}
+
+// This machine's read bandwidth with the benchmark's threads: a sum over 1 GiB.
+double read_bandwidth_gbs() {
+  const at::Tensor buf = at::ones({1 << 28}, at::kFloat);
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    volatile float s = buf.sum().item<float>();
+    (void)s;
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return buf.nbytes() / bench::median(t) / 1e9;
+}
+
+// A peer process with a line protocol on its stdin / stdout.
+class Peer {
+ public:
+  Peer(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    // Close-on-exec: a later peer must not inherit this one's stdin (it would never see EOF).
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    for (int fd : {in[0], in[1], out[0], out[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+    std::vector<std::string> all = args;
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, all[0].c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = ::fdopen(in[1], "w");
+    from_ = ::fdopen(out[0], "r");
+    if (rc != 0) throw std::runtime_error("cannot start " + all[0] + ": " + std::strerror(rc));
+  }
+  ~Peer() {
+    if (to_) std::fclose(to_);
+    if (from_) std::fclose(from_);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  nlohmann::json read() {
+    char* line = nullptr;
+    size_t cap = 0;
+    const ssize_t n = ::getline(&line, &cap, from_);
+    std::string s = n > 0 ? std::string(line, static_cast<size_t>(n)) : std::string();
+    std::free(line);
+    if (s.empty()) throw std::runtime_error("peer exited");
+    return nlohmann::json::parse(s);
+  }
+  nlohmann::json run() {
+    std::fputs("run\n", to_);
+    std::fflush(to_);
+    return read();
+  }
+
+ private:
+  pid_t pid_ = 0;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+struct Timing {
+  std::vector<double> prefill_ms, decode_ms;
+  std::vector<int64_t> tokens;
+  void add(double prefill, double total, int new_tokens) {
+    prefill_ms.push_back(prefill);
+    decode_ms.push_back((total - prefill) / (new_tokens - 1));
+  }
+};
+
+struct Variant {
+  Variant(std::string l, std::string f, bool c = false) : label(std::move(l)), format(std::move(f)), captures(c) {}
+  std::string label, format;
+  bool captures = false;
+  std::shared_ptr<flex::CausalLM> model;
+  std::unique_ptr<flex::FlexModel> flex;
+  std::unique_ptr<Peer> peer;
+  std::string peer_error;
+  double bytes = 0;
+  Timing ours, theirs;
+};
+
+void run_ours(Variant& v, const at::Tensor& ids, const Args& a) {
+  at::NoGradGuard ng;
+  flex::GenerateOptions g;
+  g.max_new_tokens = a.new_tokens;
+  g.stop_tokens = std::vector<int64_t>{};  // never stop early
+  g.pad_token_id = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  v.model->logits(ids);
+  const auto t1 = std::chrono::steady_clock::now();
+  const flex::GenerateOutput out = flex::generate(*v.model, ids, {}, g);
+  const auto t2 = std::chrono::steady_clock::now();
+  v.ours.add(std::chrono::duration<double, std::milli>(t1 - t0).count(),
+             std::chrono::duration<double, std::milli>(t2 - t1).count(), a.new_tokens);
+  v.ours.tokens = out.new_tokens(0);
+}
+
+void run_theirs(Variant& v, const Args& a) {
+  if (!v.peer) return;
+  const nlohmann::json r = v.peer->run();
+  v.theirs.add(r.at("prefill_ms").get<double>(), r.at("total_ms").get<double>(), a.new_tokens);
+  v.theirs.tokens = r.at("tokens").get<std::vector<int64_t>>();
+}
+
+void bench_model(const std::string& name, const Args& a, double bandwidth) {
+  const fs::path dir = fs::path(a.work) / name;
+  if (!fs::exists(dir / "model.safetensors")) {
+    std::printf("writing the random %s checkpoint to %s ...\n", name.c_str(), dir.c_str());
+    std::fflush(stdout);
+    bench::run_child({"--write-child", name, dir.string()});
+  }
+  std::vector<Variant> vs;
+  for (const std::string& f : a.formats) {
+    vs.emplace_back(f, f);
+    if (f == "fp32" || f == "nf4") vs.emplace_back(f + "+12 captures", f, true);
+  }
+  std::string peer_versions;
+  for (Variant& v : vs) {
+    v.model = flex::from_pretrained(dir.string(), options(v.format));
+    v.bytes = weight_bytes_per_token(*v.model);
+    if (v.captures) {
+      v.flex = std::make_unique<flex::FlexModel>(v.model);
+      const int layers = v.model->config().num_hidden_layers;
+      for (int i = 0; i < 12; ++i) {
+        const std::string block = (name == "gpt2" ? "transformer.h." : "model.layers.") + std::to_string(i * layers / 12);
+        v.flex->register_forward_hook(std::make_shared<flex::HookFunction>(block));
+      }
+    } else if (a.peers) {
+      v.peer = std::make_unique<Peer>(std::vector<std::string>{
+          a.python, std::string(FLEX_SOURCE_DIR) + "/bench/peers/hf_decode.py", dir.string(), v.format, "--threads",
+          std::to_string(a.threads), "--prompt", std::to_string(a.prompt), "--new", std::to_string(a.new_tokens)});
+      const nlohmann::json hello = v.peer->read();
+      if (hello.contains("error")) {
+        v.peer_error = hello.at("error").get<std::string>();
+        v.peer.reset();
+      } else if (hello.contains("versions")) {
+        peer_versions = hello.at("versions").dump();
+      }
+    }
+  }
+  const at::Tensor ids = prompt_ids(a.prompt, vs.front().model->config().vocab_size);
+  // Warm-up (one short generate each), then the interleaved rounds.
+  {
+    Args warm = a;
+    warm.new_tokens = 2;
+    for (Variant& v : vs) run_ours(v, ids, warm);
+    for (Variant& v : vs) v.ours = Timing();
+  }
+  for (int r = 0; r < a.rounds; ++r)
+    for (Variant& v : vs) {
+      run_ours(v, ids, a);
+      run_theirs(v, a);
+      std::fprintf(stderr, "  round %d %-18s ours %.1f ms/token%s\n", r + 1, v.label.c_str(), v.ours.decode_ms.back(),
+                   v.theirs.decode_ms.empty() ? "" : (", theirs " + std::to_string(v.theirs.decode_ms.back())).c_str());
+    }
+  std::printf("\n%s, prompt 1x%d + %d new tokens, %d threads, ISA %s; read bandwidth %.1f GB/s; medians of %d rounds\n",
+              name.c_str(), a.prompt, a.new_tokens, a.threads, flex::to_string(flex::cpu_isa()).c_str(), bandwidth,
+              a.rounds);
+  if (!peer_versions.empty()) std::printf("peers: %s\n", peer_versions.c_str());
+  std::printf("| %-18s | %9s | %8s | %8s | %10s | %8s | %8s | %9s | %9s | %9s | %s |\n", "format", "MB/token", "tok/s",
+              "ms/token", "prefill ms", "GB/s", "roofline", "HF tok/s", "HF pref.", "ours/HF", "same tokens as HF");
+  double fp32_tps = 0;
+  for (Variant& v : vs) {
+    const double ms = bench::median(v.ours.decode_ms), tps = 1000.0 / ms;
+    if (v.label == "fp32") fp32_tps = tps;
+    const double gbs = v.bytes / (ms / 1000.0) / 1e9;
+    std::string hf_tps = "-", hf_pre = "-", ratio = "-", same = v.peer_error.empty() ? "-" : "peer failed";
+    if (!v.theirs.decode_ms.empty()) {
+      const double t = 1000.0 / bench::median(v.theirs.decode_ms);
+      char b[64];
+      std::snprintf(b, sizeof b, "%.2f", t);
+      hf_tps = b;
+      std::snprintf(b, sizeof b, "%.0f", bench::median(v.theirs.prefill_ms));
+      hf_pre = b;
+      std::snprintf(b, sizeof b, "%.2fx", tps / t);
+      ratio = b;
+      size_t k = 0;
+      while (k < v.ours.tokens.size() && k < v.theirs.tokens.size() && v.ours.tokens[k] == v.theirs.tokens[k]) ++k;
+      same = "first " + std::to_string(k) + " of " + std::to_string(v.ours.tokens.size());
+    }
+    std::printf("| %-18s | %9.1f | %8.2f | %8.2f | %10.0f | %8.1f | %8.2f | %9s | %9s | %9s | %s |\n", v.label.c_str(),
+                v.bytes / 1e6, tps, ms, bench::median(v.ours.prefill_ms), gbs, gbs / bandwidth, hf_tps.c_str(),
+                hf_pre.c_str(), ratio.c_str(), same.c_str());
+  }
+  for (Variant& v : vs)
+    if (!v.peer_error.empty()) std::printf("peer %s: %s\n", v.format.c_str(), v.peer_error.c_str());
+  if (fp32_tps > 0) {
+    std::printf("speed-up over fp32 (tokens/s):");
+    for (Variant& v : vs) std::printf(" %s %.2fx;", v.label.c_str(), 1000.0 / bench::median(v.ours.decode_ms) / fp32_tps);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && !std::strcmp(argv[1], "--write-child")) {
+    const std::string name = argv[2];
+    if (name == "gpt2") {
+      bench::write_gpt2(argv[3], 12, 768, 12, 50257);
+    } else {
+      bench::write_random_model(argv[3], kLlama1B);
+    }
+    return 0;
+  }
+  Args a;
+  try {
+    if (!parse(argc, argv, a)) return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  at::set_num_threads(a.threads);
+  if (a.peers && !fs::exists(a.python)) {
+    std::fprintf(stderr, "bench_decode: no peer python at %s (bash scripts/golden/setup.sh, pip install bitsandbytes==0.50.2; or --no-peers)\n",
+                 a.python.c_str());
+    return 2;
+  }
+  try {
+    const double bw = read_bandwidth_gbs();
+    for (const std::string& m : a.models) bench_model(m, a, bw);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
