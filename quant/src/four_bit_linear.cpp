@@ -12,6 +12,7 @@
 // so the group's high nibbles meet x[0], x[2], ..., x[30] and its low
 // nibbles x[1], x[3], ..., x[31].
 #include "kernel_target.h"
+#include "kernel_util.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/quant/cpu_isa.h>
@@ -222,19 +223,6 @@ void fb_rows(Isa isa, const FourBitView& w, const float* xd, int64_t m0, int64_t
   fb_rows_scalar<G>(w, xd, m0, j, res);
 }
 
-void fb_rows_group(Isa isa, int g, const FourBitView& w, const float* xd, int64_t m0, int64_t j, float* res) {
-  switch (g) {
-    case 1: return fb_rows<1>(isa, w, xd, m0, j, res);
-    case 2: return fb_rows<2>(isa, w, xd, m0, j, res);
-    case 3: return fb_rows<3>(isa, w, xd, m0, j, res);
-    case 4: return fb_rows<4>(isa, w, xd, m0, j, res);
-    case 5: return fb_rows<5>(isa, w, xd, m0, j, res);
-    case 6: return fb_rows<6>(isa, w, xd, m0, j, res);
-    case 7: return fb_rows<7>(isa, w, xd, m0, j, res);
-    default: return fb_rows<8>(isa, w, xd, m0, j, res);
-  }
-}
-
 void fb_dequant(Isa isa, const FourBitView& w, int64_t r0, int64_t r1, float* out) {
 #if FLEX_HAVE_X86_KERNELS
   if (isa == Isa::Avx512 && w.aligned()) return fb_dequant_avx512(w, r0, r1, out);
@@ -297,7 +285,7 @@ at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const a
       for (int64_t j = j0; j < j1; ++j)
         for (int64_t m0 = 0; m0 < M; m0 += kFourBitGroup) {
           const int g = static_cast<int>(std::min<int64_t>(kFourBitGroup, M - m0));
-          fb_rows_group(isa, g, w, xd.data(), m0, j, res);
+          kernel::with_group(g, [&](auto G) { fb_rows<decltype(G)::value>(isa, w, xd.data(), m0, j, res); });
           for (int t = 0; t < g; ++t) op[(m0 + t) * N + j] = res[t];
         }
     });

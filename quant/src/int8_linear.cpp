@@ -6,6 +6,7 @@
 // cache. One pass over the weight whatever the number of rows: decode
 // (a few rows) is bound by reading it, prefill by the int8 dot products.
 #include "kernel_target.h"
+#include "kernel_util.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/quant/cpu_isa.h>
@@ -67,22 +68,13 @@ Int8Input prepare_input(const at::Tensor& a, double threshold, Isa isa) {
   for (int64_t m = 0; m < M; ++m) {
     const float* row = hp + m * K;
     // The absmax leaves out the outlier elements themselves (|v| >= threshold).
-    float amax = 0.0f;
-    bool nan = false;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = std::abs(row[k]);
-      if (std::isnan(v)) nan = true;
-      if (!(threshold > 0 && v >= threshold) && v > amax) amax = v;
-    }
-    if (nan) amax = NAN;
+    const float amax = kernel::abs_max(row, K, threshold > 0 ? static_cast<float>(threshold) : 0.0f);
     in.scale[m] = amax;
     const float mul = 127.0f / amax;
     int8_t* q = in.codes.data() + m * K;
     for (int64_t k = 0; k < K; ++k) {
       if (is_outlier[k]) continue;  // whole outlier columns leave the int8 part
-      float r = std::nearbyint(row[k] * mul);
-      if (std::isnan(r)) r = 0.0f;
-      q[k] = static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, r)));
+      q[k] = kernel::to_code8(row[k] * mul);
     }
   }
   if (isa == Isa::Avx512) {
@@ -200,19 +192,6 @@ void dots_for(Isa isa, const int8_t* w, const Int8Input& in, int64_t m0, int32_t
   dots_scalar<G>(w, in, m0, dots);
 }
 
-void dots_group(Isa isa, int g, const int8_t* w, const Int8Input& in, int64_t m0, int32_t* dots) {
-  switch (g) {
-    case 1: return dots_for<1>(isa, w, in, m0, dots);
-    case 2: return dots_for<2>(isa, w, in, m0, dots);
-    case 3: return dots_for<3>(isa, w, in, m0, dots);
-    case 4: return dots_for<4>(isa, w, in, m0, dots);
-    case 5: return dots_for<5>(isa, w, in, m0, dots);
-    case 6: return dots_for<6>(isa, w, in, m0, dots);
-    case 7: return dots_for<7>(isa, w, in, m0, dots);
-    default: return dots_for<8>(isa, w, in, m0, dots);
-  }
-}
-
 }  // namespace
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tensor& scb, const at::Tensor& bias,
@@ -262,7 +241,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tens
         if (gp) {
           for (int t = 0; t < g; ++t) dots[t] = gp[(m0 + t) * N + j];
         } else {
-          dots_group(isa, g, wr, in, m0, dots);
+          kernel::with_group(g, [&](auto G) { dots_for<decltype(G)::value>(isa, wr, in, m0, dots); });
         }
         for (int t = 0; t < g; ++t) {
           const int64_t m = m0 + t;

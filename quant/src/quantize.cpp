@@ -1,6 +1,8 @@
 // bitsandbytes' arithmetic (quantize.h), vectorised with ATen. The code
 // choices follow the CUDA kernels (strict '>' decision thresholds, NaN of an
 // all-zero block to code 0), which wrote the checkpoints people download.
+#include "kernel_util.h"
+
 #include <flex/hooks/errors.h>
 #include <flex/quant/quantize.h>
 
@@ -150,12 +152,6 @@ void for_each_float_row(const at::Tensor& weight, const F& f) {
   });
 }
 
-// round(x) half to even onto int8 as nan_to_num(.., 0, 127, -127) leaves it.
-inline int8_t to_code8(float x) {
-  if (std::isnan(x)) return 0;
-  const float r = std::nearbyint(x);
-  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
-}
 }  // namespace
 
 FourBitType four_bit_type(const std::string& name) {
@@ -190,18 +186,11 @@ Int8Weight quantize_int8_rowwise(const at::Tensor& weight) {
   for_each_float_row(weight, [&](int64_t r, const float* v) {
     // bitsandbytes converts the weight to float16 first.
     std::vector<float> h(cols);
-    float amax = 0.0f;
-    bool nan = false;
-    for (int64_t c = 0; c < cols; ++c) {
-      h[c] = static_cast<float>(c10::Half(v[c]));
-      const float a = std::abs(h[c]);
-      nan = nan || std::isnan(a);
-      amax = a > amax ? a : amax;
-    }
-    if (nan) amax = NAN;
+    for (int64_t c = 0; c < cols; ++c) h[c] = static_cast<float>(c10::Half(v[c]));
+    const float amax = kernel::abs_max(h.data(), cols);
     scb[r] = amax;
     const float mul = 127.0f / amax;
-    for (int64_t c = 0; c < cols; ++c) cb[r * cols + c] = to_code8(h[c] * mul);
+    for (int64_t c = 0; c < cols; ++c) cb[r * cols + c] = kernel::to_code8(h[c] * mul);
   });
   return w;
 }
@@ -270,14 +259,7 @@ FourBitWeight quantize_4bit(const at::Tensor& weight, FourBitType type, bool dou
     std::vector<uint8_t> codes(vals.size() + 1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t s0 = b * blocksize - e0, s1 = std::min(e1, (b + 1) * blocksize) - e0;
-      float amax = 0.0f;
-      bool nan = false;
-      for (int64_t i = s0; i < s1; ++i) {
-        const float a = std::abs(vals[i]);
-        nan = nan || std::isnan(a);
-        amax = a > amax ? a : amax;
-      }
-      if (nan) amax = NAN;
+      const float amax = kernel::abs_max(vals.data() + s0, s1 - s0);
       am[b] = amax;
       // x * (1 / absmax); an all-zero block gives NaN, which the kernels send to code 0.
       const float inv = 1.0f / amax;
