@@ -1,14 +1,16 @@
 // The CPU kernels one by one: x W^T for a Llama-1B MLP weight (5632 x 2048)
-// in fp32 / bf16 (libtorch's GEMM), int8 (int8_linear) and nf4
+// in fp32 / bf16 (libtorch's GEMM), bf16 (dense_linear: our GEMV for
+// decode rows), int8 (int8_linear) and nf4
 // (four_bit_linear), for 1 input row (decode) and 128 (prefill), over
 // enough copies of the weight (~1.5 GB of fp32) that every call reads from
 // memory; and the quantizers' speed (GB of bf16 input per second). Prints
 // ms per call and the GB/s of stored weight bytes read.
 //
-//   OMP_WAIT_POLICY=PASSIVE ./bench_quant_kernels [--iters N] [--threads T]
+//   ./bench_quant_kernels [--iters N] [--threads T]
 #include "bench_util.h"
 
-#include <flex/quant/cpu_isa.h>
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/linear.h>
 #include <flex/quant/quantize.h>
 
 int main(int argc, char** argv) {
@@ -42,14 +44,16 @@ int main(int argc, char** argv) {
     std::vector<std::function<void()>> v{
         [&] { for (auto& w : f32) at::linear(x, w); },
         [&] { for (auto& w : b16) at::linear(xb, w); },
+        [&] { for (auto& w : b16) flex::dense_linear(xb, w, at::Tensor()); },
         [&] { for (auto& w : i8) flex::int8_linear(xb, w.cb, w.scb, at::Tensor(), 6.0); },
         [&] { for (auto& w : n4) flex::four_bit_linear(w, xb, at::Tensor(), at::kBFloat16); },
     };
     const auto t = bench::interleaved(v, args.iters, 1);
-    const double bytes[4] = {N * K * 4.0, N * K * 2.0, N * K * 1.0 + N * 4.0, N * K * 0.5 + N * K / 64.0 + N * K / 64 / 256 * 4.0};
-    const char* names[4] = {"fp32", "bf16", "int8", "nf4"};
+    const double bytes[5] = {N * K * 4.0, N * K * 2.0, N * K * 2.0, N * K * 1.0 + N * 4.0,
+                             N * K * 0.5 + N * K / 64.0 + N * K / 64 / 256 * 4.0};
+    const char* names[5] = {"fp32", "bf16 (at::linear)", "bf16 (dense_linear)", "int8", "nf4"};
     std::printf("rows %3ld:", static_cast<long>(rows));
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 5; ++i)
       std::printf("  %s %.3f ms (%.1f GB/s)", names[i], t[i] / copies, bytes[i] * copies / (t[i] / 1000.0) / 1e9);
     std::printf("\n");
   }

@@ -1,6 +1,7 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
+#include <flex/kernels/linear.h>
 
 #include <ATen/ATen.h>
 
@@ -58,7 +59,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, const at::TensorOptions&
 
 at::Tensor Linear::compute(const at::Tensor& x) const {
   if (weight_format()) return weight_format()->linear(*this, x);
-  return at::linear(x, weight, bias);
+  return dense_linear(x, weight, bias);
 }
 
 at::Tensor Linear::float_weight() const { return weight_format() ? weight_format()->dequantize(*this) : weight; }

@@ -1,5 +1,6 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/kernels/linear.h>
 #include <flex/parallel/tp_autograd.h>
 #include <flex/parallel/tp_layers.h>
 
@@ -91,7 +92,7 @@ at::Tensor ColumnParallelLinear::compute_local(const at::Tensor& x) const {
     const auto x2 = x.reshape({-1, in_features});
     return (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight)).view(sizes);
   }
-  return at::linear(x, weight, bias);
+  return dense_linear(x, weight, bias);
 }
 
 Value ColumnParallelLinear::forward(Inputs inputs) {
@@ -153,7 +154,7 @@ at::Tensor RowParallelLinear::compute_local(const at::Tensor& x) const {
     const auto x2 = x.reshape({-1, local_in_features});
     return (b.defined() ? at::addmm(b, x2, weight) : at::mm(x2, weight)).view(sizes);
   }
-  return at::linear(x, weight, b);
+  return dense_linear(x, weight, b);
 }
 
 Value RowParallelLinear::forward(Inputs inputs) {
@@ -168,7 +169,7 @@ Value RowParallelLinear::forward(Inputs inputs) {
   if (!options.reduce_output) return compute_local(x);
   check_row_input(*this, tp_rank(), x);
   // Bias after the reduction, so it is added exactly once.
-  at::Tensor partial = options.conv1d_layout ? at::matmul(x, weight) : at::linear(x, weight);
+  at::Tensor partial = options.conv1d_layout ? at::matmul(x, weight) : dense_linear(x, weight, at::Tensor());
   at::Tensor y = reduce_from_tp_region(partial, tp_);
   return bias.defined() ? y + bias : y;
 }

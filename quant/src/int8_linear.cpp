@@ -5,11 +5,11 @@
 // path), the outlier columns in float from the same row while it is in
 // cache. One pass over the weight whatever the number of rows: decode
 // (a few rows) is bound by reading it, prefill by the int8 dot products.
-#include "kernel_target.h"
+#include <flex/kernels/target.h>
 #include "kernel_util.h"
 
 #include <flex/hooks/errors.h>
-#include <flex/quant/cpu_isa.h>
+#include <flex/kernels/cpu_isa.h>
 #include <flex/quant/quantize.h>
 
 #include <ATen/ATen.h>
@@ -77,7 +77,7 @@ Int8Input prepare_input(const at::Tensor& a, double threshold, Isa isa) {
       q[k] = kernel::to_code8(row[k] * mul);
     }
   }
-  if (isa == Isa::Avx512) {
+  if (isa >= Isa::Avx512) {
     in.biased.resize(M * K);
     for (int64_t i = 0; i < M * K; ++i) in.biased[i] = static_cast<uint8_t>(in.codes[i] + 128);
   } else if (isa == Isa::Avx2) {
@@ -120,6 +120,8 @@ FLEX_TARGET_AVX512 void dots_avx512(const int8_t* w, const Int8Input& in, int64_
     for (; k + 128 <= K; k += 128) {
       _mm_prefetch(reinterpret_cast<const char*>(w + k + 2048), _MM_HINT_T0);  // rows ahead (see four_bit_linear.cpp)
       _mm_prefetch(reinterpret_cast<const char*>(w + k + 2048 + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + 8192), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + 8192 + 64), _MM_HINT_T1);
       const __m512i w0 = _mm512_loadu_si512(w + k), w1 = _mm512_loadu_si512(w + k + 64);
       wsum = _mm512_dpbusd_epi32(wsum, ones, w0);
       wsum2 = _mm512_dpbusd_epi32(wsum2, ones, w1);
@@ -186,7 +188,7 @@ FLEX_TARGET_AVX2 void dots_avx2(const int8_t* w, const Int8Input& in, int64_t m0
 template <int G>
 void dots_for(Isa isa, const int8_t* w, const Int8Input& in, int64_t m0, int32_t* dots) {
 #if FLEX_HAVE_X86_KERNELS
-  if (isa == Isa::Avx512) return dots_avx512<G>(w, in, m0, dots);
+  if (isa >= Isa::Avx512) return dots_avx512<G>(w, in, m0, dots);
   if (isa == Isa::Avx2) return dots_avx2<G>(w, in, m0, dots);
 #endif
   dots_scalar<G>(w, in, m0, dots);

@@ -7,7 +7,7 @@
 // tails and blocks straddling rows, nested absmax, and the same bits with 1
 // and 2 threads.
 #include <flex/hooks/errors.h>
-#include <flex/quant/cpu_isa.h>
+#include <flex/kernels/cpu_isa.h>
 #include <flex/quant/quantize.h>
 
 #include <ATen/ATen.h>
@@ -55,7 +55,7 @@ at::Tensor four_bit_reference(const flex::FourBitWeight& w, const at::Tensor& x,
 
 std::vector<flex::Isa> levels() {
   std::vector<flex::Isa> v;
-  for (auto i : {flex::Isa::Scalar, flex::Isa::Avx2, flex::Isa::Avx512})
+  for (auto i : {flex::Isa::Scalar, flex::Isa::Avx2, flex::Isa::Avx512, flex::Isa::Avx512Bf16})
     if (static_cast<int>(i) <= static_cast<int>(flex::cpu_isa_supported())) v.push_back(i);
   return v;
 }
@@ -163,16 +163,6 @@ TEST(QuantizedKernels, BadShapesAreTypedErrors) {
   EXPECT_THROW(flex::four_bit_linear(q4, at::randn({1, 65}), at::Tensor(), at::kFloat), flex::ShapeError);
   q4.absmax = q4.absmax.narrow(0, 0, 3);
   EXPECT_THROW(flex::four_bit_linear(q4, at::randn({1, 64}), at::Tensor(), at::kFloat), flex::ShapeError);
-}
-
-TEST(CpuIsa, LevelIsCappedByScopedIsaAndNamed) {
-  const flex::Isa best = flex::cpu_isa_supported();
-  {
-    flex::ScopedIsa cap(flex::Isa::Scalar);
-    EXPECT_EQ(flex::cpu_isa(), flex::Isa::Scalar);
-  }
-  EXPECT_LE(static_cast<int>(flex::cpu_isa()), static_cast<int>(best));
-  std::printf("[ isa      ] this CPU: %s\n", flex::to_string(best).c_str());
 }
 
 }  // namespace

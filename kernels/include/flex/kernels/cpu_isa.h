@@ -1,8 +1,9 @@
 #pragma once
-// Which vector instructions the quantized kernels use, chosen at run time
-// from what the CPU (and the OS) supports. FLEX_CPU_ISA=scalar|avx2|avx512
-// caps the choice (a benchmark or a bug report can pin one); tests run every
-// level the CPU has through ScopedIsa.
+// Which vector instructions the CPU kernels (bf16 GEMV, int8, 4-bit) use,
+// chosen at run time from what the CPU (and the OS) supports. The levels are
+// ordered, each including the one before. FLEX_CPU_ISA=scalar|avx2|avx512|
+// avx512bf16 caps the choice (a benchmark or a bug report can pin one); tests
+// run every level the CPU has through ScopedIsa.
 #include <string>
 
 namespace flex {
@@ -11,6 +12,7 @@ enum class Isa {
   Scalar,  // plain C++, any CPU
   Avx2,    // AVX2 + FMA (Haswell, Zen)
   Avx512,  // AVX-512 F/BW/VL with VNNI (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4)
+  Avx512Bf16,  // and AVX512_BF16's vdpbf16ps (Cooper Lake, Sapphire Rapids, Zen 4)
 };
 
 std::string to_string(Isa isa);

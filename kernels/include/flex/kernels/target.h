@@ -6,6 +6,7 @@
 #define FLEX_HAVE_X86_KERNELS 1
 #define FLEX_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define FLEX_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define FLEX_TARGET_AVX512_BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")))
 #include <immintrin.h>
 #else
 #define FLEX_HAVE_X86_KERNELS 0

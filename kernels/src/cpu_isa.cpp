@@ -1,5 +1,5 @@
 #include <flex/hooks/errors.h>
-#include <flex/quant/cpu_isa.h>
+#include <flex/kernels/cpu_isa.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,12 +13,13 @@ std::atomic<int> g_scoped_cap{-1};  // -1: no ScopedIsa
 Isa env_cap() {
   static const Isa cap = [] {
     const char* v = std::getenv("FLEX_CPU_ISA");
-    if (!v || !*v) return Isa::Avx512;
+    if (!v || !*v) return Isa::Avx512Bf16;
     const std::string s(v);
     if (s == "scalar") return Isa::Scalar;
     if (s == "avx2") return Isa::Avx2;
     if (s == "avx512") return Isa::Avx512;
-    throw ConfigError("FLEX_CPU_ISA must be scalar, avx2 or avx512, got '" + s + "'");
+    if (s == "avx512bf16") return Isa::Avx512Bf16;
+    throw ConfigError("FLEX_CPU_ISA must be scalar, avx2, avx512 or avx512bf16, got '" + s + "'");
   }();
   return cap;
 }
@@ -29,6 +30,7 @@ std::string to_string(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512bf16";
   }
   return "?";
 }
@@ -39,7 +41,7 @@ Isa cpu_isa_supported() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-      return Isa::Avx512;
+      return __builtin_cpu_supports("avx512bf16") ? Isa::Avx512Bf16 : Isa::Avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
 #endif
     return Isa::Scalar;

@@ -1,0 +1,287 @@
+// bf16_gemv: out[m, j] = sum_k x[m, k] W[j, k] (+ b[j]) for a few rows m,
+// reading each weight row once. J weight rows (contiguous in memory) are
+// walked together so each input vector loaded serves J products, with one
+// accumulator per (row, weight row) pair. A software prefetch runs ahead
+// through the J rows' bytes as one linear stream, at the rate they are read:
+// one core's hardware prefetcher, which stops at every 4 KB page (a row of
+// 2048 bf16), does not keep enough reads in flight alone.
+#include <flex/hooks/errors.h>
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/linear.h>
+#include <flex/kernels/target.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+// GCC 12 flags the deliberately undefined upper lanes inside its own
+// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace flex {
+
+namespace {
+
+constexpr int64_t kPrefetchBytes = 4096;  // how far ahead of the reads in a block of weight rows (into L1)
+constexpr int64_t kFarBytes = 8192;       // and further on into L2
+
+float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Gemv {
+  const uint16_t* w;  // [N, K]
+  const uint16_t* x;  // [M, K] bfloat16
+  const float* xf;    // [M, K] the same values in float (the widening paths)
+  int64_t K;
+};
+
+// Weight rows walked together for a group of G input rows: registers hold G x J accumulators.
+template <int G>
+constexpr int rows_together() {
+  return G <= 2 ? 4 : (G <= 4 ? 2 : 1);
+}
+
+template <int G, int J>
+void gemv_scalar(const Gemv& a, int64_t m0, int64_t j, float* res) {
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) {
+      const uint16_t* w = a.w + (j + r) * a.K;
+      const float* x = a.xf + (m0 + g) * a.K;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < a.K; ++k) acc += x[k] * bf16_to_float(w[k]);
+      res[g * J + r] = acc;
+    }
+}
+
+#if FLEX_HAVE_X86_KERNELS
+template <int G, int J>
+FLEX_TARGET_AVX512_BF16 void gemv_avx512bf16(const Gemv& a, int64_t m0, int64_t j, float* res) {
+  const int64_t K = a.K;
+  const uint16_t* w[J];
+  for (int r = 0; r < J; ++r) w[r] = a.w + (j + r) * K;
+  __m512 acc[G][J];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) acc[g][r] = _mm512_setzero_ps();
+  const char* ahead = reinterpret_cast<const char*>(w[0]) + kPrefetchBytes;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i wv[J];
+    for (int r = 0; r < J; ++r) {
+      _mm_prefetch(ahead + (k * J + 32 * r) * 2, _MM_HINT_T0);
+      _mm_prefetch(ahead + kFarBytes + (k * J + 32 * r) * 2, _MM_HINT_T1);
+      wv[r] = _mm512_loadu_si512(w[r] + k);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(a.x + (m0 + g) * K + k);
+      for (int r = 0; r < J; ++r) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], xv, (__m512bh)wv[r]);
+    }
+  }
+  if (k < K) {  // the tail: masked loads read zeros past the row
+    const __mmask32 mask = (K - k) >= 32 ? ~__mmask32(0) : ((__mmask32(1) << (K - k)) - 1);
+    __m512i wv[J];
+    for (int r = 0; r < J; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + k);
+    for (int g = 0; g < G; ++g) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, a.x + (m0 + g) * K + k);
+      for (int r = 0; r < J; ++r) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], xv, (__m512bh)wv[r]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) res[g * J + r] = _mm512_reduce_add_ps(acc[g][r]);
+}
+
+// 16 bfloat16 values widened to float: the 16 bits become the high half.
+FLEX_TARGET_AVX512 inline __m512 widen16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+template <int G, int J>
+FLEX_TARGET_AVX512 void gemv_avx512(const Gemv& a, int64_t m0, int64_t j, float* res) {
+  const int64_t K = a.K;
+  const uint16_t* w[J];
+  for (int r = 0; r < J; ++r) w[r] = a.w + (j + r) * K;
+  __m512 acc[G][J];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) acc[g][r] = _mm512_setzero_ps();
+  const char* ahead = reinterpret_cast<const char*>(w[0]) + kPrefetchBytes;
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[J];
+    for (int r = 0; r < J; ++r) {
+      if (k % 32 == 0) _mm_prefetch(ahead + (k * J + 32 * r) * 2, _MM_HINT_T0);
+      wv[r] = widen16(w[r] + k);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512 xv = _mm512_loadu_ps(a.xf + (m0 + g) * K + k);
+      for (int r = 0; r < J; ++r) acc[g][r] = _mm512_fmadd_ps(xv, wv[r], acc[g][r]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) {
+      float s = _mm512_reduce_add_ps(acc[g][r]);
+      for (int64_t t = k; t < K; ++t) s += a.xf[(m0 + g) * K + t] * bf16_to_float(w[r][t]);
+      res[g * J + r] = s;
+    }
+}
+
+FLEX_TARGET_AVX2 inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int G, int J>
+FLEX_TARGET_AVX2 void gemv_avx2(const Gemv& a, int64_t m0, int64_t j, float* res) {
+  const int64_t K = a.K;
+  const uint16_t* w[J];
+  for (int r = 0; r < J; ++r) w[r] = a.w + (j + r) * K;
+  __m256 acc[G][J];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) acc[g][r] = _mm256_setzero_ps();
+  const char* ahead = reinterpret_cast<const char*>(w[0]) + kPrefetchBytes;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[J];
+    for (int r = 0; r < J; ++r) {
+      if (k % 32 == 0) _mm_prefetch(ahead + (k * J + 32 * r) * 2, _MM_HINT_T0);
+      wv[r] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + k))), 16));
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 xv = _mm256_loadu_ps(a.xf + (m0 + g) * K + k);
+      for (int r = 0; r < J; ++r) acc[g][r] = _mm256_fmadd_ps(xv, wv[r], acc[g][r]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < J; ++r) {
+      float s = hsum_avx2(acc[g][r]);
+      for (int64_t t = k; t < K; ++t) s += a.xf[(m0 + g) * K + t] * bf16_to_float(w[r][t]);
+      res[g * J + r] = s;
+    }
+}
+#endif
+
+template <int G, int J>
+void gemv_block(Isa isa, const Gemv& a, int64_t m0, int64_t j, float* res) {
+#if FLEX_HAVE_X86_KERNELS
+  if (isa >= Isa::Avx512Bf16) return gemv_avx512bf16<G, J>(a, m0, j, res);
+  if (isa >= Isa::Avx512) return gemv_avx512<G, J>(a, m0, j, res);
+  if (isa >= Isa::Avx2) return gemv_avx2<G, J>(a, m0, j, res);
+#endif
+  gemv_scalar<G, J>(a, m0, j, res);
+}
+
+// Rows [j0, j1) of out [M, N] (float) for all M input rows, G at a time.
+template <int G>
+void gemv_rows(Isa isa, const Gemv& a, int64_t M, int64_t m0, int64_t j0, int64_t j1, float* out, int64_t N) {
+  constexpr int J = rows_together<G>();
+  float res[G * J];
+  int64_t j = j0;
+  for (; j + J <= j1; j += J) {
+    gemv_block<G, J>(isa, a, m0, j, res);
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < J; ++r) out[(m0 + g) * N + j + r] = res[g * J + r];
+  }
+  for (; j < j1; ++j) {
+    gemv_block<G, 1>(isa, a, m0, j, res);
+    for (int g = 0; g < G; ++g) out[(m0 + g) * N + j] = res[g];
+  }
+}
+
+void gemv_group(int g, Isa isa, const Gemv& a, int64_t M, int64_t m0, int64_t j0, int64_t j1, float* out, int64_t N) {
+  switch (g) {
+    case 1: return gemv_rows<1>(isa, a, M, m0, j0, j1, out, N);
+    case 2: return gemv_rows<2>(isa, a, M, m0, j0, j1, out, N);
+    case 3: return gemv_rows<3>(isa, a, M, m0, j0, j1, out, N);
+    case 4: return gemv_rows<4>(isa, a, M, m0, j0, j1, out, N);
+    case 5: return gemv_rows<5>(isa, a, M, m0, j0, j1, out, N);
+    case 6: return gemv_rows<6>(isa, a, M, m0, j0, j1, out, N);
+    case 7: return gemv_rows<7>(isa, a, M, m0, j0, j1, out, N);
+    default: return gemv_rows<8>(isa, a, M, m0, j0, j1, out, N);
+  }
+}
+
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+}  // namespace
+
+bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!x.defined() || !weight.defined() || !x.device().is_cpu() || !weight.device().is_cpu()) return false;
+  if (x.scalar_type() != at::kBFloat16 || weight.scalar_type() != at::kBFloat16) return false;
+  if (weight.dim() != 2 || !weight.is_contiguous() || x.dim() < 1 || x.size(-1) != weight.size(1)) return false;
+  if (weight.size(1) == 0 || x.numel() / weight.size(1) > kGemvMaxRows) return false;
+  if (bias.defined() && (!bias.device().is_cpu() || bias.scalar_type() != at::kBFloat16 || bias.dim() != 1 ||
+                         bias.size(0) != weight.size(0)))
+    return false;
+  if (c10::GradMode::is_enabled() && (needs_grad(x) || needs_grad(weight) || needs_grad(bias))) return false;
+  return cpu_isa() >= Isa::Avx2;
+}
+
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return gemv_applies(x, weight, bias) ? bf16_gemv(x, weight, bias) : at::linear(x, weight, bias);
+}
+
+at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (x.scalar_type() != at::kBFloat16 || weight.scalar_type() != at::kBFloat16 ||
+      (bias.defined() && bias.scalar_type() != at::kBFloat16))
+    throw UnsupportedError("bf16_gemv: x, weight and bias must be bfloat16");
+  if (!x.device().is_cpu() || !weight.device().is_cpu() || (bias.defined() && !bias.device().is_cpu()))
+    throw UnsupportedError("bf16_gemv: CPU tensors only");
+  if (weight.dim() != 2 || !weight.is_contiguous())
+    throw UnsupportedError("bf16_gemv: the weight must be a contiguous [out, in] matrix, got " + shape_of(weight));
+  const int64_t N = weight.size(0), K = weight.size(1);
+  if (x.dim() < 1 || x.size(-1) != K)
+    throw ShapeError("bf16_gemv: input " + shape_of(x) + " does not end in the weight's " + std::to_string(K) +
+                     " input features");
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != N))
+    throw ShapeError("bf16_gemv: bias " + shape_of(bias) + " for a weight of " + std::to_string(N) + " rows");
+  const int64_t M = K == 0 ? 0 : x.numel() / K;
+  if (M > kGemvMaxRows)
+    throw ShapeError("bf16_gemv: " + std::to_string(M) + " input rows, at most " + std::to_string(kGemvMaxRows));
+
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  const at::Tensor xc = x.reshape({M, K}).contiguous();
+  const Isa isa = cpu_isa();
+  // The widening paths multiply in float: x is widened once per call.
+  const at::Tensor xf = isa >= Isa::Avx512Bf16 ? at::Tensor() : xc.to(at::kFloat);
+  const Gemv a{reinterpret_cast<const uint16_t*>(weight.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
+               xf.defined() ? xf.data_ptr<float>() : nullptr, K};
+  at::Tensor out = at::empty({M, N}, at::kFloat);
+  float* op = out.data_ptr<float>();
+  if (M > 0 && N > 0) {
+    // Blocks of 16 weight rows per task keep each thread on long contiguous reads.
+    at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        gemv_group(static_cast<int>(std::min<int64_t>(8, M - m0)), isa, a, M, m0, j0, j1, op, N);
+    });
+  }
+  if (bias.defined()) out.add_(bias.to(at::kFloat));
+  return out.to(at::kBFloat16).view(out_shape);
+}
+
+}  // namespace flex
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,0 +1,148 @@
+// bf16_gemv and dense_linear against an independent reference: the same
+// product in double precision from the bf16 values, rounded once to
+// bfloat16. Every instruction-set level this CPU has, 1..8 rows (and the
+// fall-back to at::linear past 8 or when autograd records), odd sizes that
+// leave vector tails, bias or none, and the same bits with 1 and 2 threads.
+#include <flex/hooks/errors.h>
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/linear.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tensor_compare.h"
+
+namespace {
+
+at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  at::Tensor out = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+  if (b.defined()) out = out + b.to(at::kDouble);
+  return out.to(at::kBFloat16);
+}
+
+std::vector<flex::Isa> levels() {
+  std::vector<flex::Isa> v;
+  for (auto i : {flex::Isa::Scalar, flex::Isa::Avx2, flex::Isa::Avx512, flex::Isa::Avx512Bf16})
+    if (static_cast<int>(i) <= static_cast<int>(flex::cpu_isa_supported())) v.push_back(i);
+  return v;
+}
+
+struct Shape {
+  int64_t rows, out, in;
+};
+// 1..8 rows (rows 3 and 5..8 take the 2- and 1-weight-row blocks), outputs
+// not a multiple of the blocks (37, 17, 31), inputs leaving tails of every
+// vector width (33, 200, 1000, 7).
+const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64}, {4, 17, 256}, {1, 31, 33},
+                                 {2, 70, 1000}, {5, 128, 2048}, {6, 9, 7}, {7, 40, 96}, {1, 1, 1}};
+
+class ThreadsGuard {
+ public:
+  explicit ThreadsGuard(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
+  ~ThreadsGuard() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+TEST(Bf16Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
+  at::manual_seed(11);
+  for (const Shape& s : kShapes)
+    for (bool with_bias : {false, true}) {
+      const at::Tensor w = (at::randn({s.out, s.in}) * 0.05).to(at::kBFloat16);
+      const at::Tensor b = with_bias ? (at::randn({s.out}) * 0.1).to(at::kBFloat16) : at::Tensor();
+      const at::Tensor x = at::randn({s.rows, s.in}).to(at::kBFloat16);
+      const at::Tensor expect = reference(x, w, b);
+      const double scale = expect.to(at::kFloat).abs().max().item<double>();
+      for (flex::Isa isa : levels()) {
+        flex::ScopedIsa cap(isa);
+        const at::Tensor got = flex::bf16_gemv(x, w, b);
+        // One bf16 rounding (half an ulp, 2^-8 relative) plus float summation order.
+        EXPECT_TRUE(flex_test::close(got, expect, 4e-3, 1e-4 * scale))
+            << flex::to_string(isa) << " rows " << s.rows << " out " << s.out << " in " << s.in
+            << (with_bias ? " bias" : "");
+      }
+    }
+}
+
+TEST(Bf16Gemv, BatchDimensionsFlattenAndComeBack) {
+  at::manual_seed(12);
+  const at::Tensor w = (at::randn({24, 80}) * 0.05).to(at::kBFloat16);
+  const at::Tensor x = at::randn({2, 3, 80}).to(at::kBFloat16);
+  const at::Tensor got = flex::dense_linear(x, w, at::Tensor());
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 3, 24}));
+  EXPECT_TRUE(flex_test::close(got, reference(x, w, at::Tensor()), 4e-3, 1e-3));
+}
+
+TEST(Bf16Gemv, SameBitsWithOneAndTwoThreads) {
+  at::manual_seed(13);
+  for (const Shape& s : kShapes) {
+    const at::Tensor w = (at::randn({s.out, s.in}) * 0.05).to(at::kBFloat16);
+    const at::Tensor x = at::randn({s.rows, s.in}).to(at::kBFloat16);
+    for (flex::Isa isa : levels()) {
+      flex::ScopedIsa cap(isa);
+      at::Tensor one, two;
+      {
+        ThreadsGuard t(1);
+        one = flex::bf16_gemv(x, w, at::Tensor());
+      }
+      {
+        ThreadsGuard t(2);
+        two = flex::bf16_gemv(x, w, at::Tensor());
+      }
+      EXPECT_TRUE(flex_test::equal(two, one)) << flex::to_string(isa) << " rows " << s.rows << " in " << s.in;
+    }
+  }
+}
+
+TEST(DenseLinear, TakesTheGemvOnlyWhereItApplies) {
+  const at::Tensor w = at::randn({16, 32}).to(at::kBFloat16);
+  const at::Tensor x = at::randn({8, 32}).to(at::kBFloat16);
+  EXPECT_TRUE(flex::gemv_applies(x, w, at::Tensor()));
+  EXPECT_FALSE(flex::gemv_applies(at::randn({9, 32}).to(at::kBFloat16), w, at::Tensor()));  // a GEMM
+  EXPECT_FALSE(flex::gemv_applies(x.to(at::kFloat), w.to(at::kFloat), at::Tensor()));        // float32
+  EXPECT_FALSE(flex::gemv_applies(x, w.t().contiguous().t(), at::Tensor()));                  // strided weight
+  EXPECT_FALSE(flex::gemv_applies(x, w, at::randn({16}).to(at::kFloat)));                     // float bias
+  {
+    flex::ScopedIsa cap(flex::Isa::Scalar);
+    EXPECT_FALSE(flex::gemv_applies(x, w, at::Tensor()));
+  }
+  // Autograd: the graph is recorded through at::linear and gradients reach x.
+  const at::Tensor xg = x.clone().requires_grad_(true);
+  EXPECT_FALSE(flex::gemv_applies(xg, w, at::Tensor()));
+  flex::dense_linear(xg, w, at::Tensor()).to(at::kFloat).sum().backward();
+  ASSERT_TRUE(xg.grad().defined());
+  EXPECT_TRUE(flex_test::close(xg.grad().to(at::kFloat), w.to(at::kFloat).sum(0).expand({8, 32}), 1e-2, 1e-2));
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(flex::gemv_applies(xg, w, at::Tensor()));
+  }
+  // Past 8 rows dense_linear is at::linear, still right.
+  const at::Tensor x9 = at::randn({9, 32}).to(at::kBFloat16);
+  EXPECT_TRUE(flex_test::close(flex::dense_linear(x9, w, at::Tensor()), reference(x9, w, at::Tensor()), 1e-2, 1e-2));
+}
+
+TEST(Bf16Gemv, BadInputsAreTypedErrors) {
+  const at::Tensor w = at::randn({16, 32}).to(at::kBFloat16);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({2, 31}).to(at::kBFloat16), w, at::Tensor()), flex::ShapeError);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({9, 32}).to(at::kBFloat16), w, at::Tensor()), flex::ShapeError);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({1, 32}).to(at::kBFloat16), w, at::randn({15}).to(at::kBFloat16)),
+               flex::ShapeError);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({1, 32}), w, at::Tensor()), flex::UnsupportedError);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({1, 16}).to(at::kBFloat16), w.t(), at::Tensor()), flex::UnsupportedError);
+}
+
+TEST(CpuIsa, LevelIsCappedByScopedIsaAndNamed) {
+  const flex::Isa best = flex::cpu_isa_supported();
+  {
+    flex::ScopedIsa cap(flex::Isa::Scalar);
+    EXPECT_EQ(flex::cpu_isa(), flex::Isa::Scalar);
+  }
+  EXPECT_LE(static_cast<int>(flex::cpu_isa()), static_cast<int>(best));
+  std::printf("[ isa      ] this CPU: %s\n", flex::to_string(best).c_str());
+}
+
+}  // namespace
