@@ -11,15 +11,21 @@
 // each peer is a Python process (bench/peers/hf_decode.py) that keeps its
 // model loaded and runs when told, timed the same way (a prompt forward,
 // then generate; decode = (generate - prompt forward) / (N - 1)).
+// Every model but "fp32 mmap" holds its weights in process memory
+// (PretrainedOptions::mmap = false for fp32; converted formats always do):
+// mapped file pages read ~40% slower here, which would flatter the others.
+// Run with libgomp's default wait policy: OMP_WAIT_POLICY=PASSIVE puts the
+// worker threads to sleep between the ~150 parallel regions of a decode
+// step and costs ~20 ms per token on 2 cores (ours and the peers alike).
 //
-//   OMP_WAIT_POLICY=PASSIVE ./bench_decode [--rounds R] [--threads T] [--prompt P] [--new N]
+//   ./bench_decode [--rounds R] [--threads T] [--prompt P] [--new N]
 //        [--models llama,gpt2] [--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]
 #include "bench_util.h"
 
 #include <flex/flexcore/flex_model.h>
 #include <flex/models/from_pretrained.h>
 #include <flex/models/generate.h>
-#include <flex/quant/cpu_isa.h>
+#include <flex/kernels/cpu_isa.h>
 
 #include <nlohmann/json.hpp>
 #include <fcntl.h>
@@ -81,8 +87,9 @@ bool parse(int argc, char** argv, Args& a) {
   return a.new_tokens >= 2 && a.rounds >= 1;
 }
 
-flex::PretrainedOptions options(const std::string& format) {
+flex::PretrainedOptions options(const std::string& format, bool mmap) {
   flex::PretrainedOptions o;
+  o.mmap = mmap;
   if (format == "bf16") o.torch_dtype = "bfloat16";
   if (format == "int8" || format == "nf4") {
     o.quantization = flex::quantization_from_string(format, at::kBFloat16);
@@ -117,17 +124,25 @@ double weight_bytes_per_token(flex::CausalLM& model) {
   return bytes;
 }
 
-// This machine's read bandwidth with the benchmark's threads: a sum over 1 GiB.
+// This machine's read bandwidth with the benchmark's threads: the better of
+// two reads of 1 GiB of process memory, a sum and libtorch's fp32 GEMV (the
+// faster read kernel here: the roofline is against the best we can measure).
 double read_bandwidth_gbs() {
   const at::Tensor buf = at::ones({1 << 28}, at::kFloat);
-  std::vector<double> t;
+  const at::Tensor mat = buf.view({1 << 15, 1 << 13}), x = at::ones({1, 1 << 13});
+  std::vector<double> sum_s, gemv_s;
   for (int i = 0; i < 7; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    auto t0 = std::chrono::steady_clock::now();
     volatile float s = buf.sum().item<float>();
     (void)s;
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    auto t1 = std::chrono::steady_clock::now();
+    volatile float g = at::linear(x, mat).max().item<float>();
+    (void)g;
+    auto t2 = std::chrono::steady_clock::now();
+    sum_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+    gemv_s.push_back(std::chrono::duration<double>(t2 - t1).count());
   }
-  return buf.nbytes() / bench::median(t) / 1e9;
+  return buf.nbytes() / std::min(bench::median(sum_s), bench::median(gemv_s)) / 1e9;
 }
 
 // A peer process with a line protocol on its stdin / stdout.
@@ -191,9 +206,11 @@ struct Timing {
 };
 
 struct Variant {
-  Variant(std::string l, std::string f, bool c = false) : label(std::move(l)), format(std::move(f)), captures(c) {}
+  Variant(std::string l, std::string f, bool c = false, bool m = false)
+      : label(std::move(l)), format(std::move(f)), captures(c), mmap(m) {}
   std::string label, format;
   bool captures = false;
+  bool mmap = false;  // fp32 weights left as views of the mapped checkpoint
   std::shared_ptr<flex::CausalLM> model;
   std::unique_ptr<flex::FlexModel> flex;
   std::unique_ptr<Peer> peer;
@@ -236,10 +253,11 @@ void bench_model(const std::string& name, const Args& a, double bandwidth) {
   for (const std::string& f : a.formats) {
     vs.emplace_back(f, f);
     if (f == "fp32" || f == "nf4") vs.emplace_back(f + "+12 captures", f, true);
+    if (f == "fp32") vs.emplace_back("fp32 mmap", f, false, true);
   }
   std::string peer_versions;
   for (Variant& v : vs) {
-    v.model = flex::from_pretrained(dir.string(), options(v.format));
+    v.model = flex::from_pretrained(dir.string(), options(v.format, v.mmap));
     v.bytes = weight_bytes_per_token(*v.model);
     if (v.captures) {
       v.flex = std::make_unique<flex::FlexModel>(v.model);
@@ -248,7 +266,7 @@ void bench_model(const std::string& name, const Args& a, double bandwidth) {
         const std::string block = (name == "gpt2" ? "transformer.h." : "model.layers.") + std::to_string(i * layers / 12);
         v.flex->register_forward_hook(std::make_shared<flex::HookFunction>(block));
       }
-    } else if (a.peers) {
+    } else if (a.peers && !v.mmap) {
       v.peer = std::make_unique<Peer>(std::vector<std::string>{
           a.python, std::string(FLEX_SOURCE_DIR) + "/bench/peers/hf_decode.py", dir.string(), v.format, "--threads",
           std::to_string(a.threads), "--prompt", std::to_string(a.prompt), "--new", std::to_string(a.new_tokens)});

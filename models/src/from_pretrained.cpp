@@ -7,7 +7,26 @@
 #include <flex/models/model_checkpoint.h>
 #include <flex/quant/quantize_model.h>
 
+#include <ATen/ATen.h>
+
+#include <map>
+
 namespace flex {
+
+namespace {
+// Every CPU tensor replaced by a copy in process memory; tied tensors (one
+// storage under several names) stay tied to one copy.
+void copy_into_memory(Module& model) {
+  at::NoGradGuard no_grad;
+  std::map<const void*, at::Tensor> copies;
+  for (const auto& [name, t] : state_dict(model)) {
+    if (!t.defined() || !t.device().is_cpu() || t.numel() == 0) continue;
+    auto it = copies.find(t.data_ptr());
+    if (it == copies.end()) it = copies.emplace(t.data_ptr(), t.detach().clone()).first;
+    set_module_tensor(model, name, it->second);
+  }
+}
+}  // namespace
 
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& o) {
   ModelConfig cfg = load_config(dir);
@@ -30,7 +49,9 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   if (!dispatched) {
     lo.dtype = dtype;
     lo.dtype_auto = false;
-    return load_pretrained(dir, lo);
+    std::shared_ptr<CausalLM> model = load_pretrained(dir, lo);
+    if (!o.mmap) copy_into_memory(*model);
+    return model;
   }
   std::shared_ptr<CausalLM> model;
   {
@@ -55,6 +76,7 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   // Hook points hold no tensors; leaving them out keeps maps identical to Accelerate's.
   d.skip_module = [](const std::string& name) { return is_hook_point_name(name); };
   load_checkpoint_and_dispatch(*model, ckpt.source(), d);
+  if (!o.mmap) copy_into_memory(*model);
   model->eval();
   return model;
 }

@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "test_util.h"
 
 using namespace flex;
@@ -91,4 +94,43 @@ TEST(FromPretrainedOptions, TorchDtypeAutoAndExplicitMap) {
   bad.device_map.reset();
   bad.device_map_strategy = "fastest";
   EXPECT_THROW(from_pretrained(models_test::model_dir("llama"), bad), ConfigError);
+}
+
+namespace {
+// The address ranges /proc/self/maps shows for files whose path contains `needle`.
+std::vector<std::pair<uintptr_t, uintptr_t>> mapped_ranges(const std::string& needle) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(needle) == std::string::npos) continue;
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2) out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+size_t tensors_in(CausalLM& m, const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  size_t n = 0;
+  for (const auto& [name, t] : state_dict(m)) {
+    const auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    for (const auto& [lo, hi] : ranges) n += (p >= lo && p < hi);
+  }
+  return n;
+}
+}  // namespace
+
+TEST(FromPretrainedOptions, NoMmapCopiesEveryWeightIntoProcessMemoryKeepingTies) {
+  const std::string dir = models_test::model_dir("gpt2");
+  auto mapped = from_pretrained(dir);
+  PretrainedOptions o;
+  o.mmap = false;
+  auto copied = from_pretrained(dir, o);
+  const auto ranges = mapped_ranges(dir + "/model.safetensors");
+  ASSERT_FALSE(ranges.empty()) << "the default load maps the checkpoint";
+  EXPECT_GT(tensors_in(*mapped, ranges), 0u) << "default: weights are views of the mapped file";
+  EXPECT_EQ(tensors_in(*copied, ranges), 0u) << "mmap = false: no weight left in the mapped file";
+  EXPECT_EQ(get_module_tensor(*copied, "lm_head.weight").data_ptr(),
+            get_module_tensor(*copied, "transformer.wte.weight").data_ptr())
+      << "the tied head still shares the embedding";
+  EXPECT_TRUE(flex_test::equal(logits_of(*copied), logits_of(*mapped)));
 }
