@@ -212,7 +212,7 @@ struct Variant {
   bool captures = false;
   bool mmap = false;  // fp32 weights left as views of the mapped checkpoint
   std::shared_ptr<flex::CausalLM> model;
-  std::unique_ptr<flex::FlexModel> flex;
+  std::vector<std::string> capture_modules;  // hooked for this variant's runs
   std::unique_ptr<Peer> peer;
   std::string peer_error;
   double bytes = 0;
@@ -225,6 +225,11 @@ void run_ours(Variant& v, const at::Tensor& ids, const Args& a) {
   g.max_new_tokens = a.new_tokens;
   g.stop_tokens = std::vector<int64_t>{};  // never stop early
   g.pad_token_id = 0;
+  std::unique_ptr<flex::FlexModel> flex;  // its destructor removes the hooks
+  if (!v.capture_modules.empty()) {
+    flex = std::make_unique<flex::FlexModel>(v.model);
+    for (const std::string& m : v.capture_modules) flex->register_forward_hook(std::make_shared<flex::HookFunction>(m));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   v.model->logits(ids);
   const auto t1 = std::chrono::steady_clock::now();
@@ -257,15 +262,16 @@ void bench_model(const std::string& name, const Args& a, double bandwidth) {
   }
   std::string peer_versions;
   for (Variant& v : vs) {
-    v.model = flex::from_pretrained(dir.string(), options(v.format, v.mmap));
+    // A captures variant shares the plain variant's model (one copy of the
+    // weights in memory) and attaches its FlexModel only for its own runs.
+    for (Variant& u : vs)
+      if (v.captures && &u != &v && u.format == v.format && !u.captures && !u.mmap && u.model) v.model = u.model;
+    if (!v.model) v.model = flex::from_pretrained(dir.string(), options(v.format, v.mmap));
     v.bytes = weight_bytes_per_token(*v.model);
     if (v.captures) {
-      v.flex = std::make_unique<flex::FlexModel>(v.model);
       const int layers = v.model->config().num_hidden_layers;
-      for (int i = 0; i < 12; ++i) {
-        const std::string block = (name == "gpt2" ? "transformer.h." : "model.layers.") + std::to_string(i * layers / 12);
-        v.flex->register_forward_hook(std::make_shared<flex::HookFunction>(block));
-      }
+      for (int i = 0; i < 12; ++i)
+        v.capture_modules.push_back((name == "gpt2" ? "transformer.h." : "model.layers.") + std::to_string(i * layers / 12));
     } else if (a.peers && !v.mmap) {
       v.peer = std::make_unique<Peer>(std::vector<std::string>{
           a.python, std::string(FLEX_SOURCE_DIR) + "/bench/peers/hf_decode.py", dir.string(), v.format, "--threads",
