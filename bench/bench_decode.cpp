@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   at::set_num_threads(a.threads);
   if (a.peers && !fs::exists(a.python)) {
-    std::fprintf(stderr, "bench_decode: no peer python at %s (bash scripts/golden/setup.sh, pip install bitsandbytes==0.50.2; or --no-peers)\n",
+    std::fprintf(stderr, "bench_decode: no peer python at %s (bash scripts/golden/setup.sh; or --no-peers)\n",
                  a.python.c_str());
     return 2;
   }

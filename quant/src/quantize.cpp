@@ -2,6 +2,7 @@
 // choices follow the CUDA kernels (strict '>' decision thresholds, NaN of an
 // all-zero block to code 0), which wrote the checkpoints people download.
 #include "kernel_util.h"
+#include "quantize_rows.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/quant/quantize.h>
@@ -132,23 +133,37 @@ void check_blocksize(int64_t b) {
 }
 
 
+// Values [e0, e0 + len) of a contiguous floating tensor as float32, with
+// .to(kFloat)'s rounding: float32 in place, bfloat16 and float16 widened
+// into `buf` here (exact), other dtypes through ATen.
+const float* float_run(const at::Tensor& flat, int64_t e0, int64_t len, std::vector<float>& buf) {
+  if (flat.scalar_type() == at::kFloat) return flat.data_ptr<float>() + e0;
+  if (buf.size() < static_cast<size_t>(len)) buf.resize(len);
+  float* out = buf.data();
+  if (flat.scalar_type() == at::kBFloat16) {
+    const uint16_t* in = reinterpret_cast<const uint16_t*>(flat.data_ptr()) + e0;
+    for (int64_t i = 0; i < len; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+      std::memcpy(out + i, &bits, 4);
+    }
+  } else if (flat.scalar_type() == at::kHalf) {
+    const c10::Half* in = flat.data_ptr<c10::Half>() + e0;
+    for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(in[i]);
+  } else {
+    at::from_blob(out, {len}, at::kFloat).copy_(flat.reshape({-1}).narrow(0, e0, len));
+  }
+  return out;
+}
+
 // f(row, float values of the row) for every row of a 2-D floating tensor, rows
-// spread over libtorch's threads; other dtypes converted a row at a time.
+// spread over libtorch's threads.
 template <typename F>
 void for_each_float_row(const at::Tensor& weight, const F& f) {
   const at::Tensor w = weight.detach().contiguous();
   const int64_t rows = w.size(0), cols = w.size(1);
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> buf(w.scalar_type() == at::kFloat ? 0 : cols);
-    for (int64_t r = r0; r < r1; ++r) {
-      if (w.scalar_type() == at::kFloat) {
-        f(r, w.data_ptr<float>() + r * cols);
-      } else {
-        at::Tensor row = at::from_blob(buf.data(), {cols}, at::kFloat);
-        row.copy_(w[r]);  // the same rounding as .to(kFloat)
-        f(r, buf.data());
-      }
-    }
+    std::vector<float> buf;
+    for (int64_t r = r0; r < r1; ++r) f(r, float_run(w, r * cols, cols, buf));
   });
 }
 
@@ -183,15 +198,8 @@ Int8Weight quantize_int8_rowwise(const at::Tensor& weight) {
   float* scb = w.scb.data_ptr<float>();
   int8_t* cb = w.cb.data_ptr<int8_t>();
   // One pass per row, rows in parallel (each row whole on one thread).
-  for_each_float_row(weight, [&](int64_t r, const float* v) {
-    // bitsandbytes converts the weight to float16 first.
-    std::vector<float> h(cols);
-    for (int64_t c = 0; c < cols; ++c) h[c] = static_cast<float>(c10::Half(v[c]));
-    const float amax = kernel::abs_max(h.data(), cols);
-    scb[r] = amax;
-    const float mul = 127.0f / amax;
-    for (int64_t c = 0; c < cols; ++c) cb[r * cols + c] = kernel::to_code8(h[c] * mul);
-  });
+  // bitsandbytes converts the weight to float16 first, then scales each row by 127 / absmax.
+  for_each_float_row(weight, [&](int64_t r, const float* v) { scb[r] = kernel::quantize_row_int8(v, cols, cb + r * cols); });
   return w;
 }
 
@@ -254,33 +262,24 @@ FourBitWeight quantize_4bit(const at::Tensor& weight, FourBitType type, bool dou
   // Blocks spread over libtorch's threads; a chunk of blocks is whole bytes (blocks are even).
   at::parallel_for(0, nb, std::max<int64_t>(1, 16384 / blocksize), [&](int64_t b0, int64_t b1) {
     const int64_t e0 = b0 * blocksize, e1 = std::min(n, b1 * blocksize);
-    std::vector<float> vals(e1 - e0);
-    at::from_blob(vals.data(), {e1 - e0}, at::kFloat).copy_(flat.narrow(0, e0, e1 - e0));  // .to(kFloat)'s rounding
-    std::vector<uint8_t> codes(vals.size() + 1);
+    const int64_t len = e1 - e0;
+    // Per-thread buffers, reused from chunk to chunk.
+    thread_local std::vector<float> buf;
+    thread_local std::vector<uint8_t> codes;
+    const float* vals = float_run(flat, e0, len, buf);
+    if (codes.size() < static_cast<size_t>(len + 1)) codes.resize(len + 1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t s0 = b * blocksize - e0, s1 = std::min(e1, (b + 1) * blocksize) - e0;
-      const float amax = kernel::abs_max(vals.data() + s0, s1 - s0);
+      const float amax = kernel::abs_max_run(vals + s0, s1 - s0);
       am[b] = amax;
-      // x * (1 / absmax); an all-zero block gives NaN, which the kernels send to code 0.
-      const float inv = 1.0f / amax;
-      for (int64_t i = s0; i < s1; ++i) {
-        const float x = vals[i] * inv;
-        int pos = 0;
-        if (std::isnan(x)) {
-          codes[i] = 0;
-        } else if (nf4) {  // #thresholds < x, branch-free over the 15 sorted thresholds
-          for (int step = 8; step >= 1; step >>= 1) pos += nf4_thr[pos + step - 1] < x ? step : 0;
-          codes[i] = static_cast<uint8_t>(pos);
-        } else {
-          const float a = std::abs(x);
-          for (int step = 4; step >= 1; step >>= 1) pos += kFp4Thresholds[pos + step - 1] < a ? step : 0;
-          codes[i] = static_cast<uint8_t>(kFp4Bits[pos] + (x < 0 ? 8 : 0));
-        }
-      }
+      // x * (1 / absmax); an all-zero block gives NaN, which goes to code 0. NF4: the
+      // number of thresholds below x; FP4: the sign bit and the magnitude's code.
+      kernel::four_bit_codes(vals + s0, s1 - s0, 1.0f / amax, nf4, nf4_thr, kFp4Thresholds, kFp4Bits,
+                             codes.data() + s0);
     }
     // The missing last element of an odd count is quantized as 0.
-    codes[vals.size()] = nf4 ? 7 : 0;
-    for (int64_t i = 0; i < static_cast<int64_t>(vals.size()); i += 2)
+    codes[len] = nf4 ? 7 : 0;
+    for (int64_t i = 0; i < len; i += 2)
       packed[(e0 + i) / 2] = static_cast<uint8_t>(codes[i] << 4 | codes[i + 1]);
   });
   if (!double_quant) {

@@ -12,8 +12,9 @@ if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != 
   python3 -m pip install --quiet "torch==$torch_version" >&2
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-want="transformers==5.23.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.3"
-if ! "$venv/bin/python" -c "import transformers, accelerate, safetensors, tokenizers, sys; sys.exit((transformers.__version__, accelerate.__version__, safetensors.__version__, tokenizers.__version__) != ('5.23.0', '1.15.0', '0.8.0', '0.23.3'))" 2>/dev/null; then
+# bitsandbytes: the int8 / nf4 peers of bench/bench_decode (its CPU backend).
+want="transformers==5.23.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.3 bitsandbytes==0.50.2"
+if ! "$venv/bin/python" -c "import transformers, accelerate, safetensors, tokenizers, bitsandbytes, sys; sys.exit((transformers.__version__, accelerate.__version__, safetensors.__version__, tokenizers.__version__, bitsandbytes.__version__) != ('5.23.0', '1.15.0', '0.8.0', '0.23.3', '0.50.2'))" 2>/dev/null; then
   "$venv/bin/python" -m pip install --quiet $want "torch==$torch_version" >&2
 fi
 echo "$venv/bin/python"

@@ -4,6 +4,7 @@
 // blockwise absmax-scaled values, row-wise absmax int8 and LLM.int8()'s
 // outlier decomposition; packed bytes checked by hand for small cases.
 #include <flex/hooks/errors.h>
+#include <flex/kernels/cpu_isa.h>
 #include <flex/quant/quantize.h>
 
 #include <ATen/ATen.h>
@@ -234,3 +235,38 @@ TEST(Int8, BadShapesAreTypedErrors) {
 }
 
 }  // namespace
+
+// The vectorised quantizer loops give the scalar definitions' bytes: random
+// rows with vector tails, values on NF4's decision thresholds, NaN, inf,
+// float16 overflow, an all-zero block, odd element counts.
+TEST(Quantizers, SameCodesOnEveryIsa) {
+  at::manual_seed(21);
+  at::Tensor w = at::randn({37, 203}) * 0.05;
+  w.index_put_({0, 5}, NAN);                      // a NaN row / block
+  w.index_put_({1, 7}, INFINITY);                 // inf
+  w.index_put_({2, 9}, 70000.0);                  // overflows float16
+  w.narrow(0, 3, 1).zero_();                      // an all-zero row (and blocks)
+  // Values exactly on NF4 thresholds of their block: absmax 1 in the block.
+  const float thresholds[3] = {(-0.6961928f + -0.5250730f) * 0.5f, (0.0f + 0.0795803f) * 0.5f,
+                               (0.7229568f + 1.0f) * 0.5f};
+  w.index_put_({5, 0}, 1.0);
+  for (int i = 0; i < 3; ++i) w.index_put_({5, 1 + i}, thresholds[i]);
+  const std::vector<flex::Isa> levels{flex::Isa::Scalar, flex::cpu_isa_supported()};
+  std::vector<flex::Int8Weight> i8;
+  std::vector<flex::FourBitWeight> nf4, fp4;
+  for (flex::Isa isa : levels) {
+    flex::ScopedIsa cap(isa);
+    i8.push_back(flex::quantize_int8_rowwise(w));
+    nf4.push_back(flex::quantize_4bit(w, flex::FourBitType::NF4, true));
+    fp4.push_back(flex::quantize_4bit(w.narrow(0, 0, 35), flex::FourBitType::FP4, false));  // an odd count
+  }
+  // Bit patterns: NaN absmaxes compare equal to themselves.
+  auto bits = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t.view(at::kInt) : t; };
+  EXPECT_TRUE(flex_test::equal(i8[1].cb, i8[0].cb));
+  EXPECT_TRUE(flex_test::equal(bits(i8[1].scb), bits(i8[0].scb)));
+  EXPECT_TRUE(std::isnan(i8[0].scb[0].item<float>()));
+  for (auto* q : {&nf4, &fp4}) {
+    EXPECT_TRUE(flex_test::equal((*q)[1].packed, (*q)[0].packed));
+    EXPECT_TRUE(flex_test::equal(bits((*q)[1].absmax), bits((*q)[0].absmax)));
+  }
+}
