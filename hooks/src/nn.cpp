@@ -76,9 +76,7 @@ Conv1D::Conv1D(int64_t out, int64_t in, const at::TensorOptions& options) : Dens
 
 at::Tensor Conv1D::compute(const at::Tensor& x) const {
   if (weight_format()) return weight_format()->linear(*this, x);
-  auto sizes = x.sizes().vec();
-  sizes.back() = out_features;
-  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+  return dense_linear(x, weight, bias, WeightLayout::InOut);
 }
 
 at::Tensor Conv1D::float_weight() const {

@@ -214,6 +214,62 @@ void gemv_group(int g, Isa isa, const Gemv& a, int64_t M, int64_t m0, int64_t j0
   }
 }
 
+// InOut: out[m, j0:j1] += x[m, k] * W[k, j0:j1] for every k, in float in
+// acc (G x (j1 - j0)), then stored.
+void gemv_in_out_scalar(const Gemv& a, int64_t M, int64_t N, int64_t j0, int64_t j1, float* acc) {
+  const int64_t w = j1 - j0;
+  for (int64_t k = 0; k < a.K; ++k) {
+    const uint16_t* row = a.w + k * N + j0;
+    for (int64_t m = 0; m < M; ++m) {
+      const float xv = a.xf[m * a.K + k];
+      for (int64_t j = 0; j < w; ++j) acc[m * w + j] += xv * bf16_to_float(row[j]);
+    }
+  }
+}
+
+#if FLEX_HAVE_X86_KERNELS
+FLEX_TARGET_AVX512 inline __m512 widen16_masked(const uint16_t* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+
+// Four weight rows per pass: each accumulator is loaded and stored once per
+// four rows (not once per row), and four row streams are read at once.
+FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv& a, int64_t M, int64_t N, int64_t j0, int64_t j1, float* acc) {
+  const int64_t w = j1 - j0;
+  int64_t k = 0;
+  for (; k + 4 <= a.K; k += 4) {
+    const uint16_t* row = a.w + k * N + j0;
+    for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(row + (4 + r) * N), _MM_HINT_T0);
+    for (int64_t j = 0; j < w; j += 16) {
+      const __mmask16 mask = w - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (w - j)) - 1);
+      const __m512 w0 = widen16_masked(row + j, mask), w1 = widen16_masked(row + N + j, mask);
+      const __m512 w2 = widen16_masked(row + 2 * N + j, mask), w3 = widen16_masked(row + 3 * N + j, mask);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* x = a.xf + m * a.K + k;
+        float* o = acc + m * w + j;
+        __m512 s = _mm512_maskz_loadu_ps(mask, o);
+        s = _mm512_fmadd_ps(_mm512_set1_ps(x[0]), w0, s);
+        s = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), w1, s);
+        s = _mm512_fmadd_ps(_mm512_set1_ps(x[2]), w2, s);
+        s = _mm512_fmadd_ps(_mm512_set1_ps(x[3]), w3, s);
+        _mm512_mask_storeu_ps(o, mask, s);
+      }
+    }
+  }
+  for (; k < a.K; ++k) {
+    const uint16_t* row = a.w + k * N + j0;
+    for (int64_t j = 0; j < w; j += 16) {
+      const __mmask16 mask = w - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (w - j)) - 1);
+      const __m512 wv = widen16_masked(row + j, mask);
+      for (int64_t m = 0; m < M; ++m) {
+        float* o = acc + m * w + j;
+        _mm512_mask_storeu_ps(o, mask, _mm512_fmadd_ps(_mm512_set1_ps(a.xf[m * a.K + k]), wv, _mm512_maskz_loadu_ps(mask, o)));
+      }
+    }
+  }
+}
+#endif
+
 bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 
 std::string shape_of(const at::Tensor& t) {
@@ -224,31 +280,40 @@ std::string shape_of(const at::Tensor& t) {
 
 }  // namespace
 
-bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
   if (!x.defined() || !weight.defined() || !x.device().is_cpu() || !weight.device().is_cpu()) return false;
   if (x.scalar_type() != at::kBFloat16 || weight.scalar_type() != at::kBFloat16) return false;
-  if (weight.dim() != 2 || !weight.is_contiguous() || x.dim() < 1 || x.size(-1) != weight.size(1)) return false;
-  if (weight.size(1) == 0 || x.numel() / weight.size(1) > kGemvMaxRows) return false;
-  if (bias.defined() && (!bias.device().is_cpu() || bias.scalar_type() != at::kBFloat16 || bias.dim() != 1 ||
-                         bias.size(0) != weight.size(0)))
+  if (weight.dim() != 2 || !weight.is_contiguous() || x.dim() < 1) return false;
+  const bool out_in = layout == WeightLayout::OutIn;
+  const int64_t in = weight.size(out_in ? 1 : 0), out = weight.size(out_in ? 0 : 1);
+  if (x.size(-1) != in || in == 0 || x.numel() / in > kGemvMaxRows) return false;
+  if (bias.defined() &&
+      (!bias.device().is_cpu() || bias.scalar_type() != at::kBFloat16 || bias.dim() != 1 || bias.size(0) != out))
     return false;
   if (c10::GradMode::is_enabled() && (needs_grad(x) || needs_grad(weight) || needs_grad(bias))) return false;
-  return cpu_isa() >= Isa::Avx2;
+  return cpu_isa() >= (out_in ? Isa::Avx2 : Isa::Avx512);
 }
 
-at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return gemv_applies(x, weight, bias) ? bf16_gemv(x, weight, bias) : at::linear(x, weight, bias);
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
+  if (gemv_applies(x, weight, bias, layout)) return bf16_gemv(x, weight, bias, layout);
+  if (layout == WeightLayout::OutIn) return at::linear(x, weight, bias);
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(1);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  return (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight)).view(sizes);
 }
 
-at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
   if (x.scalar_type() != at::kBFloat16 || weight.scalar_type() != at::kBFloat16 ||
       (bias.defined() && bias.scalar_type() != at::kBFloat16))
     throw UnsupportedError("bf16_gemv: x, weight and bias must be bfloat16");
   if (!x.device().is_cpu() || !weight.device().is_cpu() || (bias.defined() && !bias.device().is_cpu()))
     throw UnsupportedError("bf16_gemv: CPU tensors only");
+  const bool out_in = layout == WeightLayout::OutIn;
   if (weight.dim() != 2 || !weight.is_contiguous())
-    throw UnsupportedError("bf16_gemv: the weight must be a contiguous [out, in] matrix, got " + shape_of(weight));
-  const int64_t N = weight.size(0), K = weight.size(1);
+    throw UnsupportedError(std::string("bf16_gemv: the weight must be a contiguous ") + (out_in ? "[out, in]" : "[in, out]") +
+                           " matrix, got " + shape_of(weight));
+  const int64_t N = weight.size(out_in ? 0 : 1), K = weight.size(out_in ? 1 : 0);
   if (x.dim() < 1 || x.size(-1) != K)
     throw ShapeError("bf16_gemv: input " + shape_of(x) + " does not end in the weight's " + std::to_string(K) +
                      " input features");
@@ -263,12 +328,23 @@ at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const at::Tensor xc = x.reshape({M, K}).contiguous();
   const Isa isa = cpu_isa();
   // The widening paths multiply in float: x is widened once per call.
-  const at::Tensor xf = isa >= Isa::Avx512Bf16 ? at::Tensor() : xc.to(at::kFloat);
+  const at::Tensor xf = out_in && isa >= Isa::Avx512Bf16 ? at::Tensor() : xc.to(at::kFloat);
   const Gemv a{reinterpret_cast<const uint16_t*>(weight.data_ptr()), reinterpret_cast<const uint16_t*>(xc.data_ptr()),
                xf.defined() ? xf.data_ptr<float>() : nullptr, K};
   at::Tensor out = at::empty({M, N}, at::kFloat);
   float* op = out.data_ptr<float>();
-  if (M > 0 && N > 0) {
+  if (M > 0 && N > 0 && !out_in) {
+    // Bands of 64 output columns; a thread's bands are contiguous.
+    at::parallel_for(0, (N + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
+      const int64_t j0 = b0 * 64, j1 = std::min(N, b1 * 64), w = j1 - j0;
+      std::vector<float> acc(M * w, 0.0f);
+#if FLEX_HAVE_X86_KERNELS
+      if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, j0, j1, acc.data());
+#endif
+      if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, j0, j1, acc.data());
+      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + j0, acc.data() + m * w, w * sizeof(float));
+    });
+  } else if (M > 0 && N > 0) {
     // Blocks of 16 weight rows per task keep each thread on long contiguous reads.
     at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
       const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);

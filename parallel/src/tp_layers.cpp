@@ -86,13 +86,7 @@ at::Tensor ColumnParallelLinear::compute_local(const at::Tensor& x) const {
     throw ShapeError(class_name() + ": input has " + std::to_string(x.size(-1)) + " features, expected " +
                      std::to_string(in_features) + " (input shape " + shape_text(x.sizes()) + ")");
   }
-  if (options.conv1d_layout) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = local_out_features;
-    const auto x2 = x.reshape({-1, in_features});
-    return (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight)).view(sizes);
-  }
-  return dense_linear(x, weight, bias);
+  return dense_linear(x, weight, bias, options.conv1d_layout ? WeightLayout::InOut : WeightLayout::OutIn);
 }
 
 Value ColumnParallelLinear::forward(Inputs inputs) {
@@ -148,13 +142,7 @@ void check_row_input(const RowParallelLinear& m, int rank, const at::Tensor& x) 
 at::Tensor RowParallelLinear::compute_local(const at::Tensor& x) const {
   check_row_input(*this, tp_rank(), x);
   const at::Tensor b = (bias.defined() && tp_rank() == 0) ? bias : at::Tensor();
-  if (options.conv1d_layout) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = out_features;
-    const auto x2 = x.reshape({-1, local_in_features});
-    return (b.defined() ? at::addmm(b, x2, weight) : at::mm(x2, weight)).view(sizes);
-  }
-  return dense_linear(x, weight, b);
+  return dense_linear(x, weight, b, options.conv1d_layout ? WeightLayout::InOut : WeightLayout::OutIn);
 }
 
 Value RowParallelLinear::forward(Inputs inputs) {
@@ -169,7 +157,8 @@ Value RowParallelLinear::forward(Inputs inputs) {
   if (!options.reduce_output) return compute_local(x);
   check_row_input(*this, tp_rank(), x);
   // Bias after the reduction, so it is added exactly once.
-  at::Tensor partial = options.conv1d_layout ? at::matmul(x, weight) : dense_linear(x, weight, at::Tensor());
+  at::Tensor partial =
+      dense_linear(x, weight, at::Tensor(), options.conv1d_layout ? WeightLayout::InOut : WeightLayout::OutIn);
   at::Tensor y = reduce_from_tp_region(partial, tp_);
   return bias.defined() ? y + bias : y;
 }

@@ -57,12 +57,16 @@ TEST(Bf16Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
       const at::Tensor x = at::randn({s.rows, s.in}).to(at::kBFloat16);
       const at::Tensor expect = reference(x, w, b);
       const double scale = expect.to(at::kFloat).abs().max().item<double>();
+      const at::Tensor w_in_out = w.t().contiguous();  // GPT-2's Conv1D layout
       for (flex::Isa isa : levels()) {
         flex::ScopedIsa cap(isa);
-        const at::Tensor got = flex::bf16_gemv(x, w, b);
         // One bf16 rounding (half an ulp, 2^-8 relative) plus float summation order.
-        EXPECT_TRUE(flex_test::close(got, expect, 4e-3, 1e-4 * scale))
+        EXPECT_TRUE(flex_test::close(flex::bf16_gemv(x, w, b), expect, 4e-3, 1e-4 * scale))
             << flex::to_string(isa) << " rows " << s.rows << " out " << s.out << " in " << s.in
+            << (with_bias ? " bias" : "");
+        EXPECT_TRUE(flex_test::close(flex::bf16_gemv(x, w_in_out, b, flex::WeightLayout::InOut), expect, 4e-3,
+                                     1e-4 * scale))
+            << "in-out layout, " << flex::to_string(isa) << " rows " << s.rows << " out " << s.out << " in " << s.in
             << (with_bias ? " bias" : "");
       }
     }
@@ -84,16 +88,20 @@ TEST(Bf16Gemv, SameBitsWithOneAndTwoThreads) {
     const at::Tensor x = at::randn({s.rows, s.in}).to(at::kBFloat16);
     for (flex::Isa isa : levels()) {
       flex::ScopedIsa cap(isa);
-      at::Tensor one, two;
-      {
-        ThreadsGuard t(1);
-        one = flex::bf16_gemv(x, w, at::Tensor());
+      for (auto layout : {flex::WeightLayout::OutIn, flex::WeightLayout::InOut}) {
+        const at::Tensor wl = layout == flex::WeightLayout::OutIn ? w : w.t().contiguous();
+        at::Tensor one, two;
+        {
+          ThreadsGuard t(1);
+          one = flex::bf16_gemv(x, wl, at::Tensor(), layout);
+        }
+        {
+          ThreadsGuard t(2);
+          two = flex::bf16_gemv(x, wl, at::Tensor(), layout);
+        }
+        EXPECT_TRUE(flex_test::equal(two, one)) << flex::to_string(isa) << " rows " << s.rows << " in " << s.in
+                                                << (layout == flex::WeightLayout::InOut ? " in-out" : "");
       }
-      {
-        ThreadsGuard t(2);
-        two = flex::bf16_gemv(x, w, at::Tensor());
-      }
-      EXPECT_TRUE(flex_test::equal(two, one)) << flex::to_string(isa) << " rows " << s.rows << " in " << s.in;
     }
   }
 }
@@ -120,6 +128,16 @@ TEST(DenseLinear, TakesTheGemvOnlyWhereItApplies) {
     at::NoGradGuard no_grad;
     EXPECT_TRUE(flex::gemv_applies(xg, w, at::Tensor()));
   }
+  // The in-out layout: the GEMV from AVX-512 on, at::addmm past 8 rows.
+  const at::Tensor wt = w.t().contiguous();
+  EXPECT_EQ(flex::gemv_applies(x, wt, at::Tensor(), flex::WeightLayout::InOut),
+            flex::cpu_isa() >= flex::Isa::Avx512);
+  EXPECT_FALSE(flex::gemv_applies(x, wt, at::Tensor()));  // [32, 16] is not [out, in] for x of 32 features
+  const at::Tensor b16 = at::randn({16}).to(at::kBFloat16);
+  const at::Tensor x9b = at::randn({2, 9, 32}).to(at::kBFloat16);
+  for (const at::Tensor& xi : {x, x9b})
+    EXPECT_TRUE(flex_test::close(flex::dense_linear(xi, wt, b16, flex::WeightLayout::InOut), reference(xi, w, b16),
+                                 1e-2, 1e-2));
   // Past 8 rows dense_linear is at::linear, still right.
   const at::Tensor x9 = at::randn({9, 32}).to(at::kBFloat16);
   EXPECT_TRUE(flex_test::close(flex::dense_linear(x9, w, at::Tensor()), reference(x9, w, at::Tensor()), 1e-2, 1e-2));
@@ -133,6 +151,8 @@ TEST(Bf16Gemv, BadInputsAreTypedErrors) {
                flex::ShapeError);
   EXPECT_THROW(flex::bf16_gemv(at::randn({1, 32}), w, at::Tensor()), flex::UnsupportedError);
   EXPECT_THROW(flex::bf16_gemv(at::randn({1, 16}).to(at::kBFloat16), w.t(), at::Tensor()), flex::UnsupportedError);
+  EXPECT_THROW(flex::bf16_gemv(at::randn({1, 32}).to(at::kBFloat16), w, at::Tensor(), flex::WeightLayout::InOut),
+               flex::ShapeError);  // [16, 32] in-out takes 16 features
 }
 
 TEST(CpuIsa, LevelIsCappedByScopedIsaAndNamed) {
