@@ -98,15 +98,16 @@ FLEX_TARGET_AVX512 void fb_rows_avx512(const FourBitView& w, const float* xd, in
   const int64_t K = w.k, nb = K / w.bs;
   const uint8_t* p = w.packed + j * (K / 2);
   const __m512 lut = _mm512_loadu_ps(w.code);
-  // Independent accumulators (high / low nibbles, two 32-value groups) so the
-  // FMAs do not wait on each other; one chain per block for the scale.
-  constexpr int kChains = G <= 2 ? 4 : 2;
-  __m512 acc[G];
-  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  // Each block scales the code table once (16 values) instead of its partial
+  // sums: the looked-up values are the dequantized weights (code * absmax,
+  // as the reference has them) and go straight into running accumulators,
+  // with no per-block reduction. Independent chains for few input rows.
+  constexpr int kChains = G <= 2 ? 4 : (G <= 4 ? 2 : 1);
+  __m512 acc[G][kChains];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < kChains; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512 blk[G][kChains];
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < kChains; ++c) blk[g][c] = _mm512_setzero_ps();
+    const __m512 table = _mm512_mul_ps(lut, _mm512_set1_ps(w.scale(j * nb + b)));
     int64_t off = b * w.bs;
     const int64_t end = off + w.bs;
     for (; off + 64 <= end; off += 64) {
@@ -120,36 +121,34 @@ FLEX_TARGET_AVX512 void fb_rows_avx512(const FourBitView& w, const float* xd, in
       const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
       const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2 + 16)));
       // vpermps reads the low 4 bits of each index: the low nibble needs no mask.
-      const __m512 h0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut);
-      const __m512 l0 = _mm512_permutexvar_ps(v0, lut);
-      const __m512 h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut);
-      const __m512 l1 = _mm512_permutexvar_ps(v1, lut);
+      const __m512 h0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table);
+      const __m512 l0 = _mm512_permutexvar_ps(v0, table);
+      const __m512 h1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table);
+      const __m512 l1 = _mm512_permutexvar_ps(v1, table);
       for (int g = 0; g < G; ++g) {
         const float* x = xd + (m0 + g) * K + off;
-        blk[g][0] = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x), blk[g][0]);
-        blk[g][1] = _mm512_fmadd_ps(l0, _mm512_loadu_ps(x + 16), blk[g][1]);
-        blk[g][kChains - 2] = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + 32), blk[g][kChains - 2]);
-        blk[g][kChains - 1] = _mm512_fmadd_ps(l1, _mm512_loadu_ps(x + 48), blk[g][kChains - 1]);
+        acc[g][0] = _mm512_fmadd_ps(h0, _mm512_loadu_ps(x), acc[g][0]);
+        acc[g][1 % kChains] = _mm512_fmadd_ps(l0, _mm512_loadu_ps(x + 16), acc[g][1 % kChains]);
+        acc[g][2 % kChains] = _mm512_fmadd_ps(h1, _mm512_loadu_ps(x + 32), acc[g][2 % kChains]);
+        acc[g][3 % kChains] = _mm512_fmadd_ps(l1, _mm512_loadu_ps(x + 48), acc[g][3 % kChains]);
       }
     }
     for (; off < end; off += 32) {  // a block of 32
       const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + off / 2)));
-      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
-      const __m512 lo = _mm512_permutexvar_ps(v, lut);
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+      const __m512 lo = _mm512_permutexvar_ps(v, table);
       for (int g = 0; g < G; ++g) {
         const float* x = xd + (m0 + g) * K + off;
-        blk[g][0] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x), blk[g][0]);
-        blk[g][1] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16), blk[g][1]);
+        acc[g][0] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x), acc[g][0]);
+        acc[g][1 % kChains] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16), acc[g][1 % kChains]);
       }
     }
-    const __m512 s = _mm512_set1_ps(w.scale(j * nb + b));
-    for (int g = 0; g < G; ++g) {
-      __m512 sum = _mm512_add_ps(blk[g][0], blk[g][1]);
-      if (kChains == 4) sum = _mm512_add_ps(sum, _mm512_add_ps(blk[g][2], blk[g][3]));
-      acc[g] = _mm512_fmadd_ps(sum, s, acc[g]);
-    }
   }
-  for (int g = 0; g < G; ++g) res[g] = _mm512_reduce_add_ps(acc[g]);
+  for (int g = 0; g < G; ++g) {
+    __m512 sum = acc[g][0];
+    for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[g][c]);
+    res[g] = _mm512_reduce_add_ps(sum);
+  }
 }
 
 FLEX_TARGET_AVX2 inline float fb_hsum_avx2(__m256 v) {
