@@ -61,6 +61,10 @@ TEST(CliGenerate, GreedyEqualsLibraryGenerate) {
   auto r = run({"generate", tiny_model(), "--prompt", "the cat", "--max-new-tokens", "6"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, greedy_in_process(tiny_model(), "the cat", 6));
+  // Weights copied into memory instead of mapped: the same text.
+  auto copied = run({"generate", tiny_model(), "--prompt", "the cat", "--max-new-tokens", "6", "--no-mmap"});
+  ASSERT_EQ(copied.code, 0) << copied.err;
+  EXPECT_EQ(copied.out, r.out);
 }
 
 /// Greedy continuation of `ids` by full recomputation and argmax (no cache, no generate()).

@@ -208,6 +208,7 @@ std::vector<Flag> loading_flags() {
       {"--offload-folder", "DIR", "folder for weights the map sends to disk"},
       {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
       {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
+      {"--no-mmap", "", "copy the weights into memory instead of mapping the checkpoint (faster decoding)"},
   };
 }
 
@@ -226,6 +227,7 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
   PretrainedOptions o;
   if (auto d = args.get("--dtype")) o.torch_dtype = torch_dtype_name(parse_dtype(*d));
   o.quantization = quantization_option(args);
+  o.mmap = !args.has("--no-mmap");
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
   if (auto off = args.get("--offload-folder")) {
     require_writable_dir(*off);
