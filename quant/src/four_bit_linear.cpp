@@ -151,6 +151,38 @@ FLEX_TARGET_AVX512 void fb_rows_avx512(const FourBitView& w, const float* xd, in
   }
 }
 
+// One input row against J = 2 weight rows (j, j + 1; adjacent in memory):
+// two decode streams in flight per thread, each row's bytes and table its
+// own, the input's loads shared. The decode step's most common shape. An
+// unpaired row takes J = 1, the same arithmetic per row, so the bits do not
+// depend on how the threads split the rows.
+template <int J>
+FLEX_TARGET_AVX512 void fb_one_row_avx512(const FourBitView& w, const float* xd, int64_t j, float* res) {
+  const int64_t K = w.k, nb = K / w.bs;
+  const uint8_t* p[J];
+  for (int r = 0; r < J; ++r) p[r] = w.packed + (j + r) * (K / 2);
+  const __m512 lut = _mm512_loadu_ps(w.code);
+  __m512 acc[J][2];
+  for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 table[J];
+    for (int r = 0; r < J; ++r) table[r] = _mm512_mul_ps(lut, _mm512_set1_ps(w.scale((j + r) * nb + b)));
+    for (int64_t off = b * w.bs; off < (b + 1) * w.bs; off += 32) {
+      const __m512 x0 = _mm512_loadu_ps(xd + off), x1 = _mm512_loadu_ps(xd + off + 16);
+      for (int r = 0; r < J; ++r) {
+        if (off % 64 == 0) {  // as in fb_rows_avx512
+          _mm_prefetch(reinterpret_cast<const char*>(p[r] + off / 2 + 1024), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(p[r] + off / 2 + 8192), _MM_HINT_T1);
+        }
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + off / 2)));
+        acc[r][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table[r]), x0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, table[r]), x1, acc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < J; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
 FLEX_TARGET_AVX2 inline float fb_hsum_avx2(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -299,7 +331,17 @@ at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const a
     // Each output column is computed whole by one thread: the same bits for any thread count.
     at::parallel_for(0, N, 16, [&](int64_t j0, int64_t j1) {
       float res[kFourBitGroup];
-      for (int64_t j = j0; j < j1; ++j)
+      int64_t j = j0;
+#if FLEX_HAVE_X86_KERNELS
+      if (M == 1 && isa >= Isa::Avx512) {
+        for (; j + 2 <= j1; j += 2) fb_one_row_avx512<2>(w, xd.data(), j, op + j);
+        if (j < j1) {
+          fb_one_row_avx512<1>(w, xd.data(), j, op + j);
+          ++j;
+        }
+      }
+#endif
+      for (; j < j1; ++j)
         for (int64_t m0 = 0; m0 < M; m0 += kFourBitGroup) {
           const int g = static_cast<int>(std::min<int64_t>(kFourBitGroup, M - m0));
           kernel::with_group(g, [&](auto G) { fb_rows<decltype(G)::value>(isa, w, xd.data(), m0, j, res); });

@@ -64,9 +64,10 @@ struct Shape {
   int64_t rows, out, in;
 };
 // Decode (1-8 rows, and a 9th row past one group), prefill (33 rows), vector
-// tails (in = 200, 33, 1000) and 4-bit blocks straddling rows (in % 64 != 0).
-const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64},  {9, 17, 256},
-                                 {1, 31, 33},  {33, 65, 192}, {2, 70, 1000}, {5, 128, 2048}};
+// tails (in = 200, 33, 1000), 4-bit blocks straddling rows (in % 64 != 0) and
+// one row against an odd number of weight rows (the last one unpaired).
+const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64},  {9, 17, 256},    {1, 31, 33},
+                                 {33, 65, 192}, {2, 70, 1000}, {5, 128, 2048}, {1, 37, 256}};
 
 class ThreadsGuard {
  public:
@@ -112,7 +113,8 @@ TEST(FourBitLinear, EqualsLinearOnTheDequantizedWeight) {
         const at::Tensor weight = scaled_randn({s.out, s.in}, 0.05);
         const flex::FourBitWeight w = flex::quantize_4bit(weight, type, nested);
         const at::Tensor bias = scaled_randn({s.out}, 0.1);
-        const at::Tensor x = scaled_randn({2, s.rows, s.in}, 1.0);  // batch dims flatten
+        // Batch dims flatten; and the rows alone (one row: the paired-rows decode path).
+        for (const at::Tensor& x : {scaled_randn({2, s.rows, s.in}, 1.0), scaled_randn({s.rows, s.in}, 1.0)})
         for (at::ScalarType compute : {at::kFloat, at::kBFloat16}) {
           const at::Tensor expect = four_bit_reference(w, x, bias, compute);
           const double scale = expect.abs().max().item<double>();
