@@ -18,13 +18,7 @@
 #include <string>
 #include <vector>
 
-// GCC 12 flags the deliberately undefined upper lanes inside its own
-// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+FLEX_KERNELS_BEGIN
 
 namespace flex {
 
@@ -136,13 +130,6 @@ FLEX_TARGET_AVX512 void gemv_avx512(const Gemv& a, int64_t m0, int64_t j, float*
     }
 }
 
-FLEX_TARGET_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int G, int J>
 FLEX_TARGET_AVX2 void gemv_avx2(const Gemv& a, int64_t m0, int64_t j, float* res) {
   const int64_t K = a.K;
@@ -167,7 +154,7 @@ FLEX_TARGET_AVX2 void gemv_avx2(const Gemv& a, int64_t m0, int64_t j, float* res
   }
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < J; ++r) {
-      float s = hsum_avx2(acc[g][r]);
+      float s = kernel::hsum_avx2(acc[g][r]);
       for (int64_t t = k; t < K; ++t) s += a.xf[(m0 + g) * K + t] * bf16_to_float(w[r][t]);
       res[g * J + r] = s;
     }
@@ -198,19 +185,6 @@ void gemv_rows(Isa isa, const Gemv& a, int64_t M, int64_t m0, int64_t j0, int64_
   for (; j < j1; ++j) {
     gemv_block<G, 1>(isa, a, m0, j, res);
     for (int g = 0; g < G; ++g) out[(m0 + g) * N + j] = res[g];
-  }
-}
-
-void gemv_group(int g, Isa isa, const Gemv& a, int64_t M, int64_t m0, int64_t j0, int64_t j1, float* out, int64_t N) {
-  switch (g) {
-    case 1: return gemv_rows<1>(isa, a, M, m0, j0, j1, out, N);
-    case 2: return gemv_rows<2>(isa, a, M, m0, j0, j1, out, N);
-    case 3: return gemv_rows<3>(isa, a, M, m0, j0, j1, out, N);
-    case 4: return gemv_rows<4>(isa, a, M, m0, j0, j1, out, N);
-    case 5: return gemv_rows<5>(isa, a, M, m0, j0, j1, out, N);
-    case 6: return gemv_rows<6>(isa, a, M, m0, j0, j1, out, N);
-    case 7: return gemv_rows<7>(isa, a, M, m0, j0, j1, out, N);
-    default: return gemv_rows<8>(isa, a, M, m0, j0, j1, out, N);
   }
 }
 
@@ -349,7 +323,8 @@ at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Te
     at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
       const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
       for (int64_t m0 = 0; m0 < M; m0 += 8)
-        gemv_group(static_cast<int>(std::min<int64_t>(8, M - m0)), isa, a, M, m0, j0, j1, op, N);
+        kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
+                           [&](auto G) { gemv_rows<decltype(G)::value>(isa, a, M, m0, j0, j1, op, N); });
     });
   }
   if (bias.defined()) out.add_(bias.to(at::kFloat));
@@ -358,6 +333,4 @@ at::Tensor bf16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Te
 
 }  // namespace flex
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+FLEX_KERNELS_END

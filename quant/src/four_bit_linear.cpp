@@ -24,13 +24,7 @@
 #include <algorithm>
 #include <vector>
 
-// GCC 12 flags the deliberately undefined upper lanes inside its own
-// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+FLEX_KERNELS_BEGIN
 
 namespace flex {
 
@@ -186,13 +180,6 @@ FLEX_TARGET_AVX512 void fb_one_row_avx512(const FourBitView& w, const float* xd,
   for (int r = 0; r < J; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-FLEX_TARGET_AVX2 inline float fb_hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // 16 code values in two 8-lane halves; bit 3 of the code (moved to the sign bit) picks the half.
 FLEX_TARGET_AVX2 inline __m256 fb_lookup_avx2(__m256i idx, __m256i sign_is_bit3, __m256 lo8, __m256 hi8) {
   return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo8, idx), _mm256_permutevar8x32_ps(hi8, idx),
@@ -224,7 +211,7 @@ FLEX_TARGET_AVX2 void fb_rows_avx2(const FourBitView& w, const float* xd, int64_
     const __m256 s = _mm256_set1_ps(w.scale(j * nb + b));
     for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(blk[g], s, acc[g]);
   }
-  for (int g = 0; g < G; ++g) res[g] = fb_hsum_avx2(acc[g]);
+  for (int g = 0; g < G; ++g) res[g] = kernel::hsum_avx2(acc[g]);
 }
 
 // 16 floats rounded to bfloat16 (to nearest, ties to even, as c10's
@@ -384,6 +371,4 @@ at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const a
 
 }  // namespace flex
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+FLEX_KERNELS_END

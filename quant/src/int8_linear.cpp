@@ -18,13 +18,7 @@
 #include <cmath>
 #include <vector>
 
-// GCC 12 flags the deliberately undefined upper lanes inside its own
-// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+FLEX_KERNELS_BEGIN
 
 namespace flex {
 
@@ -265,6 +259,4 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& cb, const at::Tens
 
 }  // namespace flex
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+FLEX_KERNELS_END

@@ -1,8 +1,8 @@
 #pragma once
-// Small pieces the quantized kernels and quantizers share.
+// Small pieces the quantized kernels and quantizers share (with_group and
+// hsum_avx2 are in <flex/kernels/target.h>).
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 namespace flex::kernel {
 
@@ -25,22 +25,6 @@ inline int8_t to_code8(float x) {
   if (std::isnan(x)) return 0;
   const float r = std::nearbyint(x);
   return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
-}
-
-/// f(std::integral_constant<int, G>{}) for a group of g in 1..8 input rows
-/// (8 for anything larger): the kernels are templates on the group size.
-template <typename F>
-void with_group(int g, F&& f) {
-  switch (g) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    default: return f(std::integral_constant<int, 8>{});
-  }
 }
 
 }  // namespace flex::kernel

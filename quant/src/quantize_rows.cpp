@@ -9,11 +9,7 @@
 
 #include <cmath>
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+FLEX_KERNELS_BEGIN
 
 namespace flex::kernel {
 
@@ -162,6 +158,4 @@ void four_bit_codes(const float* v, int64_t n, float inv, bool nf4, const float*
 
 }  // namespace flex::kernel
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+FLEX_KERNELS_END

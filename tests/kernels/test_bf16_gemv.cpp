@@ -13,21 +13,17 @@
 
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "tensor_compare.h"
 
 namespace {
+
+using flex_test::ThreadsGuard;
 
 at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   at::Tensor out = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
   if (b.defined()) out = out + b.to(at::kDouble);
   return out.to(at::kBFloat16);
-}
-
-std::vector<flex::Isa> levels() {
-  std::vector<flex::Isa> v;
-  for (auto i : {flex::Isa::Scalar, flex::Isa::Avx2, flex::Isa::Avx512, flex::Isa::Avx512Bf16})
-    if (static_cast<int>(i) <= static_cast<int>(flex::cpu_isa_supported())) v.push_back(i);
-  return v;
 }
 
 struct Shape {
@@ -39,15 +35,6 @@ struct Shape {
 const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64}, {4, 17, 256}, {1, 31, 33},
                                  {2, 70, 1000}, {5, 128, 2048}, {6, 9, 7}, {7, 40, 96}, {1, 1, 1}};
 
-class ThreadsGuard {
- public:
-  explicit ThreadsGuard(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
-  ~ThreadsGuard() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 TEST(Bf16Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
   at::manual_seed(11);
   for (const Shape& s : kShapes)
@@ -58,7 +45,7 @@ TEST(Bf16Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
       const at::Tensor expect = reference(x, w, b);
       const double scale = expect.to(at::kFloat).abs().max().item<double>();
       const at::Tensor w_in_out = w.t().contiguous();  // GPT-2's Conv1D layout
-      for (flex::Isa isa : levels()) {
+      for (flex::Isa isa : flex_test::isa_levels()) {
         flex::ScopedIsa cap(isa);
         // One bf16 rounding (half an ulp, 2^-8 relative) plus float summation order.
         EXPECT_TRUE(flex_test::close(flex::bf16_gemv(x, w, b), expect, 4e-3, 1e-4 * scale))
@@ -86,7 +73,7 @@ TEST(Bf16Gemv, SameBitsWithOneAndTwoThreads) {
   for (const Shape& s : kShapes) {
     const at::Tensor w = (at::randn({s.out, s.in}) * 0.05).to(at::kBFloat16);
     const at::Tensor x = at::randn({s.rows, s.in}).to(at::kBFloat16);
-    for (flex::Isa isa : levels()) {
+    for (flex::Isa isa : flex_test::isa_levels()) {
       flex::ScopedIsa cap(isa);
       for (auto layout : {flex::WeightLayout::OutIn, flex::WeightLayout::InOut}) {
         const at::Tensor wl = layout == flex::WeightLayout::OutIn ? w : w.t().contiguous();

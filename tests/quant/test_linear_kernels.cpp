@@ -16,9 +16,12 @@
 
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "tensor_compare.h"
 
 namespace {
+
+using flex_test::ThreadsGuard;
 
 // LLM.int8() written from its definition with whole-tensor ATen ops.
 at::Tensor int8_reference(const at::Tensor& x, const at::Tensor& cb, const at::Tensor& scb, const at::Tensor& bias,
@@ -53,13 +56,6 @@ at::Tensor four_bit_reference(const flex::FourBitWeight& w, const at::Tensor& x,
   return at::linear(x.to(compute), flex::dequantize_4bit(w).to(compute), b).to(x.scalar_type());
 }
 
-std::vector<flex::Isa> levels() {
-  std::vector<flex::Isa> v;
-  for (auto i : {flex::Isa::Scalar, flex::Isa::Avx2, flex::Isa::Avx512, flex::Isa::Avx512Bf16})
-    if (static_cast<int>(i) <= static_cast<int>(flex::cpu_isa_supported())) v.push_back(i);
-  return v;
-}
-
 struct Shape {
   int64_t rows, out, in;
 };
@@ -68,15 +64,6 @@ struct Shape {
 // one row against an odd number of weight rows (the last one unpaired).
 const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64},  {9, 17, 256},    {1, 31, 33},
                                  {33, 65, 192}, {2, 70, 1000}, {5, 128, 2048}, {1, 37, 256}};
-
-class ThreadsGuard {
- public:
-  explicit ThreadsGuard(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
-  ~ThreadsGuard() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 at::Tensor scaled_randn(std::vector<int64_t> shape, double scale) { return at::randn(shape, at::kFloat) * scale; }
 
@@ -93,7 +80,7 @@ TEST(Int8Linear, EqualsTheReferenceOnEveryIsaShapeAndThreshold) {
         const at::Tensor xi = x.to(dt);
         const at::Tensor expect = int8_reference(xi, q.cb, q.scb, bias, threshold);
         const double scale = expect.abs().max().item<double>();
-        for (flex::Isa isa : levels()) {
+        for (flex::Isa isa : flex_test::isa_levels()) {
           flex::ScopedIsa cap(isa);
           const at::Tensor got = flex::int8_linear(xi, q.cb, q.scb, bias, threshold);
           const double tol = dt == at::kFloat ? 2e-6 : 1e-2;
@@ -118,7 +105,7 @@ TEST(FourBitLinear, EqualsLinearOnTheDequantizedWeight) {
         for (at::ScalarType compute : {at::kFloat, at::kBFloat16}) {
           const at::Tensor expect = four_bit_reference(w, x, bias, compute);
           const double scale = expect.abs().max().item<double>();
-          for (flex::Isa isa : levels()) {
+          for (flex::Isa isa : flex_test::isa_levels()) {
             flex::ScopedIsa cap(isa);
             const at::Tensor got = flex::four_bit_linear(w, x, bias, compute);
             // float32: summation order only; bfloat16: the reference rounds each weight to bf16 first.
@@ -138,7 +125,7 @@ TEST(QuantizedKernels, SameBitsWithOneAndTwoThreads) {
     const flex::Int8Weight q8 = flex::quantize_int8_rowwise(weight);
     const flex::FourBitWeight q4 = flex::quantize_4bit(weight, flex::FourBitType::NF4, true);
     const at::Tensor x = scaled_randn({s.rows, s.in}, 1.0);
-    for (flex::Isa isa : levels()) {
+    for (flex::Isa isa : flex_test::isa_levels()) {
       flex::ScopedIsa cap(isa);
       at::Tensor one8, one4, two8, two4;
       {
