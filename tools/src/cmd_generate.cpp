@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <flex/dispatch/safetensors.h>
+#include <flex/flexcore/activation_edits.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
@@ -78,13 +79,7 @@ HookFunctionPtr steer(const std::string& spec) {
   const std::string alpha_s = rest.substr(colon + 1);
   const double alpha = std::strtod(alpha_s.c_str(), &end);
   if (alpha_s.empty() || *end) throw UsageError("option --steer: ALPHA '" + alpha_s + "' is not a number");
-  at::Tensor vec = tensor_from(rest.substr(0, colon), name).flatten();
-  return edit_hook(name, [vec, alpha, name](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
-    if (act.size(-1) != vec.numel())
-      throw ShapeError("--steer " + name + ": vector has " + std::to_string(vec.numel()) + " elements, the output's last dim is " +
-                       std::to_string(act.size(-1)));
-    return act + alpha * vec.to(act.device(), act.scalar_type());
-  });
+  return edit_hook(name, add_vector(tensor_from(rest.substr(0, colon), name), alpha, "--steer " + name));
 }
 
 HookFunctionPtr ablate(const std::string& spec, Module& model) {
@@ -98,54 +93,21 @@ HookFunctionPtr ablate(const std::string& spec, Module& model) {
     if (h.empty() || *end || v < 0) throw UsageError("option --ablate: head '" + h + "' is not a head index");
     head = v;
   }
-  if (!head)
-    return edit_hook(name, [](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) { return at::zeros_like(act); });
-  // One head: zero it in the attention module's per-head outputs [B, T, H, D].
-  const std::string point = is_hook_point_name(name) ? name : name + ".hook_head_out";
-  model.get_submodule(name);  // NotFoundError with close names when the module does not exist
-  bool has_point = true;
+  if (!head) return edit_hook(name, zero_activation());
+  // One head: zeroed in the attention module's per-head outputs [B, T, H, D].
+  std::string point;
   try {
-    model.get_submodule(point);
-  } catch (const NotFoundError&) {
-    has_point = false;
+    point = head_hook_point(model, name);
+  } catch (const NotFoundError& e) {
+    throw NotFoundError("--ablate " + spec + ": " + e.what());
   }
-  if (!has_point) throw NotFoundError("--ablate " + spec + ": '" + name + "' is not an attention module (it has no hook_head_out)");
-  const int64_t h = *head;
-  return edit_hook(point, [h, spec](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
-    if (act.dim() != 4 || h >= act.size(2))
-      throw ShapeError("--ablate " + spec + ": head " + std::to_string(h) + " out of range for per-head output of shape " +
-                       std::to_string(act.dim()) + "-d with " + std::to_string(act.dim() == 4 ? act.size(2) : 0) + " heads");
-    at::Tensor out = act.clone();
-    out.select(2, h).zero_();
-    return out;
-  });
+  return edit_hook(point, zero_head(*head, "--ablate " + spec));
 }
 
 HookFunctionPtr patch(const std::string& spec, bool cached) {
   const auto name_file = split_eq("--patch", spec, "NAME=FILE.safetensors");
   const std::string name = name_file.first;
-  at::Tensor p = tensor_from(name_file.second, name);
-  // With a KV cache generation calls the module on the prompt, then one
-  // position per step: track the absolute position so the patch lands on
-  // 0..Tp-1. Without one every call starts at position 0.
-  auto pos = std::make_shared<int64_t>(0);
-  return edit_hook(name, [p, pos, name, cached](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
-    if (!cached) *pos = 0;
-    if (act.dim() < 2 || p.dim() != act.dim() || (p.size(0) != 1 && p.size(0) != act.size(0)))
-      throw ShapeError("--patch " + name + ": patch of " + std::to_string(p.dim()) + " dims does not fit the output's " +
-                       std::to_string(act.dim()));
-    for (int64_t d = 2; d < act.dim(); ++d)
-      if (p.size(d) != act.size(d)) throw ShapeError("--patch " + name + ": patch shape differs from the output's in dim " + std::to_string(d));
-    const int64_t start = *pos, len = act.size(1);
-    *pos += len;
-    const int64_t n = std::min(len, p.size(1) - start);
-    if (n <= 0) return act;
-    at::Tensor out = act.clone();
-    std::vector<int64_t> sizes = act.sizes().vec();
-    sizes[1] = n;
-    out.narrow(1, 0, n).copy_(p.narrow(1, start, n).expand(sizes));
-    return out;
-  });
+  return edit_hook(name, patch_positions(tensor_from(name_file.second, name), cached, "--patch " + name));
 }
 
 /// "3,1" -> {3, 1}; UsageError naming the flag otherwise.
