@@ -162,6 +162,27 @@ decltype(LoadCheckpointOptions::transform) quantizing_transform(Module& model, c
   };
 }
 
+BnbQuantizationConfig bnb_config_from_json(const nlohmann::json& q, const std::string& where) {
+  if (!q.is_object()) throw ConfigError(where + ": expected a JSON object, got " + std::string(q.type_name()));
+  BnbQuantizationConfig c;
+  try {
+    c.load_in_8bit = q.value("load_in_8bit", false);
+    c.load_in_4bit = q.value("load_in_4bit", false);
+    if (q.contains("llm_int8_threshold") && !q["llm_int8_threshold"].is_null())
+      c.llm_int8_threshold = q["llm_int8_threshold"].get<double>();
+    if (q.contains("bnb_4bit_quant_type") && !q["bnb_4bit_quant_type"].is_null())
+      c.bnb_4bit_quant_type = q["bnb_4bit_quant_type"].get<std::string>();
+    c.bnb_4bit_use_double_quant = q.value("bnb_4bit_use_double_quant", false);
+    c.bnb_4bit_compute_dtype =
+        dtype_name_to_type(q.contains("bnb_4bit_compute_dtype") ? q["bnb_4bit_compute_dtype"] : nlohmann::json(), where);
+    if (q.contains("llm_int8_skip_modules") && !q["llm_int8_skip_modules"].is_null())
+      c.skip_modules = q["llm_int8_skip_modules"].get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(where + ": " + e.what());
+  }
+  return c;
+}
+
 std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   nlohmann::json j;
@@ -181,26 +202,13 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
     throw ConfigError(where + ": quant_method '" + q.value("quant_method", std::string("?")) +
                       "' is not supported (bitsandbytes; fp8 and mxfp4 are dequantized at load)");
   BnbCheckpoint b;
-  try {
-    b.config.load_in_8bit = q.value("load_in_8bit", false);
-    b.config.load_in_4bit = q.value("load_in_4bit", false);
-    if (q.contains("llm_int8_threshold") && !q["llm_int8_threshold"].is_null())
-      b.config.llm_int8_threshold = q["llm_int8_threshold"].get<double>();
-    if (q.contains("bnb_4bit_quant_type") && !q["bnb_4bit_quant_type"].is_null())
-      b.config.bnb_4bit_quant_type = q["bnb_4bit_quant_type"].get<std::string>();
-    b.config.bnb_4bit_use_double_quant = q.value("bnb_4bit_use_double_quant", false);
-    b.config.bnb_4bit_compute_dtype =
-        dtype_name_to_type(q.contains("bnb_4bit_compute_dtype") ? q["bnb_4bit_compute_dtype"] : nlohmann::json(), where);
-    if (q.value("llm_int8_has_fp16_weight", false))
-      throw ConfigError(where + ": llm_int8_has_fp16_weight checkpoints hold fp16 weights; load them unquantized");
-    if (q.contains("bnb_4bit_quant_storage") && !q["bnb_4bit_quant_storage"].is_null() &&
-        q["bnb_4bit_quant_storage"].get<std::string>() != "uint8")
-      throw ConfigError(where + ": bnb_4bit_quant_storage '" + q["bnb_4bit_quant_storage"].get<std::string>() +
-                        "' is not supported (uint8 only)");
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(where + ": " + e.what());
-  }
-  if (!b.config.enabled()) throw ConfigError(where + ": neither load_in_8bit nor load_in_4bit is set");
+  b.config = bnb_config_from_json(q, where);
+  if (q.value("llm_int8_has_fp16_weight", false))
+    throw ConfigError(where + ": llm_int8_has_fp16_weight checkpoints hold fp16 weights; load them unquantized");
+  if (q.contains("bnb_4bit_quant_storage") && q["bnb_4bit_quant_storage"].is_string() &&
+      q["bnb_4bit_quant_storage"].get<std::string>() != "uint8")
+    throw ConfigError(where + ": bnb_4bit_quant_storage '" + q["bnb_4bit_quant_storage"].get<std::string>() +
+                      "' is not supported (uint8 only)");
   b.config.validate();
   Checkpoint ck = Checkpoint::open(dir);
   const std::string qs = ".weight.quant_state.bitsandbytes__";

@@ -57,6 +57,12 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir);
 decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model, const BnbCheckpoint& bnb,
                                                                   const std::string& dir);
 
+/// A bitsandbytes quantization_config object (config.json's, or Transformers'
+/// BitsAndBytesConfig.to_dict()) read: load_in_8bit / load_in_4bit,
+/// llm_int8_threshold, bnb_4bit_quant_type, bnb_4bit_use_double_quant,
+/// bnb_4bit_compute_dtype, llm_int8_skip_modules. ConfigError naming `where`
+/// for a field of the wrong type. Not validated (validate() does that).
+BnbQuantizationConfig bnb_config_from_json(const nlohmann::json& q, const std::string& where);
 /// config.json's "quantization_config" for `cfg`, as Transformers writes it.
 nlohmann::json bnb_quantization_config_json(const BnbQuantizationConfig& cfg);
 /// The state-dict entries of `model` under bitsandbytes' checkpoint names.

@@ -1,0 +1,39 @@
+"""flexmodel: hook, capture and edit the modules of large transformers, from Python.
+
+The C++ engine (libtorch) does the work; tensors pass in and out as
+``torch.Tensor`` without copies, and Python editing functions run inside its
+hooks.
+
+    import flexmodel, torch
+    model = flexmodel.from_pretrained("path/to/gpt2")
+    out = {}
+    fm = flexmodel.FlexModel(model, out)
+    fm.register_forward_hook(flexmodel.HookFunction("transformer.h.0.mlp", expected_shape=(1, 8, 768)))
+    logits = fm(torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]]))
+    out["transformer.h.0.mlp"]  # a CPU torch.Tensor
+"""
+import torch as _torch
+
+from . import _build_info
+
+
+def _check_torch():
+    built, found = _build_info.torch_version, _torch.__version__
+    if built != found:
+        raise ImportError(
+            f"flexmodel was built against torch {built} but this Python imports torch {found} "
+            f"(from {_torch.__file__}); rebuild flexmodel with this torch (bash test.sh or "
+            f"pip install --no-build-isolation .), or install torch=={built.split('+')[0]}")
+
+
+_check_torch()
+
+from . import _C  # noqa: E402  (after the version check: a mismatched libtorch may not even load)
+from .errors import (  # noqa: E402,F401
+    ConfigError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError, ShapeError,
+    UnsupportedError)
+from .modeling import Module, PreTrainedModel, from_pretrained  # noqa: E402,F401
+from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
+from . import edits  # noqa: E402,F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,230 @@
+"""FlexModel and HookFunction, with the names and signatures of Vector Institute's FlexModel.
+
+    output = {}
+    fm = FlexModel(model, output)
+    fm.register_forward_hook(HookFunction("model.layers.3.mlp", expected_shape=(None, None, 2048),
+                                          editing_function=lambda module, x, save_ctx, modules: x * 0.5))
+    logits = fm(input_ids)
+    output["model.layers.3.mlp"]        # CPU torch.Tensor, captured before the edit
+
+A hook without an editing function (or with a built-in one from flexmodel.edits)
+runs entirely in C++; a Python editing function is called inside the C++ hook
+with the GIL held only for that call.
+"""
+import types
+import weakref
+
+import torch
+
+from . import _C
+from .errors import ConfigError, NotFoundError, UnsupportedError
+from .modeling import _engine_module
+
+
+class SaveContext(types.SimpleNamespace):
+    """Attributes an editing function sets to keep values across calls (``save_ctx.x = ...``)."""
+
+
+class HookFunction:
+    """What to do at one module: capture its activation, optionally edit it.
+
+    module_name: the module (or, for register_hook, the parameter) name.
+    expected_shape: the whole activation's shape; None entries match any size.
+    editing_function: ``fn(current_module, inputs, save_ctx, modules) -> tensor`` of the same
+        shape, or a built-in edit from :mod:`flexmodel.edits`.
+    unpack_idx: which tensor of a tuple output (depth first) is the activation.
+    save: capture into the FlexModel's output_ptr; save_after_edit: capture the edited value.
+    """
+
+    def __init__(self, module_name, expected_shape=None, editing_function=None, unpack_idx=0, save=True,
+                 save_after_edit=False):
+        self.module_name = module_name
+        self.expected_shape = None if expected_shape is None else tuple(expected_shape)
+        self.editing_function = editing_function
+        self.unpack_idx = unpack_idx
+        self.save = save
+        self.save_after_edit = save_after_edit
+        self._cpp = None      # the engine's HookFunction once registered
+        self._handle = None
+
+    @property
+    def hook_type(self):
+        return None if self._cpp is None else self._cpp.hook_type
+
+    def __repr__(self):
+        where = f", {self.hook_type}" if self._cpp is not None else ""
+        return f"HookFunction({self.module_name!r}{where})"
+
+
+def _trampoline(fm_ref, fn):
+    """The engine calls fn(module, activation); the user's function also gets save_ctx and the trainable modules."""
+    def call(module, activation):
+        fm = fm_ref()
+        return fn(module, activation, fm.save_ctx, fm.trainable_modules)
+    return call
+
+
+class FlexModel:
+    """Wraps a flexmodel model: hooks by module name, captures into ``output_ptr``.
+
+    module: a model from :func:`flexmodel.from_pretrained` (or a flexmodel.Module).
+    output_ptr: a dict; after each forward it maps every capturing hook's key (the module
+        name; ``name#input`` for pre-hooks, ``name#grad_input`` / ``#grad_output`` / ``#grad``
+        for gradient hooks) to a CPU tensor, or a list of tensors when the module ran
+        several times in that forward.
+    """
+
+    def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
+        if not isinstance(output_ptr, dict):
+            raise ConfigError(f"output_ptr must be a dict, got {type(output_ptr).__name__}")
+        if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
+            raise UnsupportedError(
+                "FlexModel from Python runs in one process in this version; tensor / pipeline / data parallel "
+                "runs are available from C++ and the flexmodel command line (--tp/--pp/--dp under mpirun)")
+        self.module = module
+        self._engine = _C.FlexModel(_engine_module(module))
+        self.output_ptr = output_ptr
+        self.save_ctx = SaveContext()
+        self.trainable_modules = torch.nn.ModuleDict()
+        self.tp_size, self.pp_size, self.dp_size = tensor_parallel_size, pipeline_parallel_size, data_parallel_size
+        self._hooks = {}  # engine hook key -> HookFunction
+
+    # --- running -------------------------------------------------------------------
+    def forward(self, input_ids, attention_mask=None, groups="all", complement=False):
+        """Runs the model with the hooks of ``groups`` (or, with complement, all others); returns the logits."""
+        groups = [groups] if isinstance(groups, str) else list(groups)
+        logits, captures = self._engine.forward(input_ids, attention_mask, groups, complement)
+        self._store(captures)
+        return logits
+
+    __call__ = forward
+
+    def _store(self, captures):
+        for key, tensors in captures.items():
+            self.output_ptr[key] = tensors[0] if len(tensors) == 1 else tensors
+
+    # --- registration ----------------------------------------------------------------
+    def _register(self, hook, hook_type):
+        if not isinstance(hook, HookFunction):
+            raise ConfigError(f"expected a flexmodel.HookFunction, got {type(hook).__name__}")
+        if hook._cpp is not None:
+            raise ConfigError(f"{hook!r} is already registered")
+        fn = hook.editing_function
+        if fn is not None and not isinstance(fn, _C.Edit):
+            if not callable(fn):
+                raise ConfigError(f"HookFunction({hook.module_name!r}): editing_function must be callable, "
+                                  f"got {type(fn).__name__}")
+            fn = _trampoline(weakref.ref(self), fn)
+        cpp, handle = self._engine.register(hook.module_name, hook_type, hook.expected_shape, fn, hook.unpack_idx,
+                                            hook.save, hook.save_after_edit)
+        hook._cpp, hook._handle = cpp, handle
+        self._hooks[cpp.key] = hook
+        return handle
+
+    def register_forward_hook(self, hook_function):
+        return self._register(hook_function, "forward")
+
+    def register_forward_pre_hook(self, hook_function):
+        return self._register(hook_function, "forward_pre")
+
+    def register_full_backward_hook(self, hook_function):
+        return self._register(hook_function, "full_backward")
+
+    def register_full_backward_pre_hook(self, hook_function):
+        return self._register(hook_function, "full_backward_pre")
+
+    def register_hook(self, hook_function):
+        """A gradient hook on the parameter named ``hook_function.module_name``."""
+        return self._register(hook_function, "tensor")
+
+    # --- groups ----------------------------------------------------------------------
+    def _python_hooks(self, cpp_hooks):
+        out = []
+        for cpp in cpp_hooks:
+            hook = self._hooks.get(cpp.key)
+            if hook is None:  # made by create_hook_group
+                hook = HookFunction(cpp.module_name)
+                hook._cpp = cpp
+                self._hooks[cpp.key] = hook
+            out.append(hook)
+        return out
+
+    def create_hook_group(self, group_name, group_constructor, expected_shape=None, editing_function=None,
+                          unpack_idx=0, regex=False, hook_type="forward"):
+        """One HookFunction per module whose name contains ``group_constructor`` (or, with regex=True,
+        fully matches it), all tagged ``group_name``; returns them."""
+        fn = editing_function
+        if fn is not None and not isinstance(fn, _C.Edit):
+            fn = _trampoline(weakref.ref(self), fn)
+        made = self._engine.create_hook_group(group_name, group_constructor, regex, hook_type, expected_shape, fn,
+                                              unpack_idx, True)
+        hooks = self._python_hooks(made)
+        for h in hooks:
+            h.expected_shape = None if expected_shape is None else tuple(expected_shape)
+            h.editing_function, h.unpack_idx = editing_function, unpack_idx
+        return hooks
+
+    def _cpp_hooks(self, hook_functions):
+        if isinstance(hook_functions, HookFunction):
+            hook_functions = [hook_functions]
+        out = []
+        for h in hook_functions:
+            if not isinstance(h, HookFunction) or h._cpp is None:
+                raise NotFoundError(f"{h!r} is not registered with this FlexModel")
+            out.append(h._cpp)
+        return out
+
+    def update_hook_groups(self, hook_functions, group_name):
+        """Tags the hooks (a HookFunction, a list of them, or a module-name substring) with ``group_name``."""
+        if isinstance(hook_functions, str):
+            self._engine.update_hook_groups_matching(hook_functions, group_name)
+        else:
+            self._engine.update_hook_groups(self._cpp_hooks(hook_functions), group_name)
+
+    def remove_hook_groups(self, hook_functions, group_name):
+        if isinstance(hook_functions, str):
+            self._engine.remove_hook_groups_matching(hook_functions, group_name)
+        else:
+            self._engine.remove_hook_groups(self._cpp_hooks(hook_functions), group_name)
+
+    def get_group_hook_functions(self, group_name):
+        return self._python_hooks(self._engine.get_group_hook_functions(group_name))
+
+    def get_hook_function_groups(self, hook_function):
+        return set(self._engine.get_hook_function_groups(self._cpp_hooks(hook_function)[0]))
+
+    # --- trainable modules and parameters --------------------------------------------
+    def register_trainable_module(self, name, module):
+        """Makes a torch.nn.Module available to editing functions as ``modules[name]``."""
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError(f"register_trainable_module({name!r}): expected a torch.nn.Module, "
+                              f"got {type(module).__name__}")
+        self.trainable_modules[name] = module
+
+    def get_module_parameter(self, param_name, expected_shape=None):
+        """The whole parameter (a quantized weight reads as the float weight it stands for), detached."""
+        return self._engine.get_module_parameter(param_name, [] if expected_shape is None else
+                                                 [-1 if d is None else d for d in expected_shape])
+
+    def wrapped_module_requires_grad(self, requires_grad):
+        self._engine.wrapped_module_requires_grad(requires_grad)
+
+    def set_capture_by_reference(self, on):
+        """True (default): CPU captures the model does not change later are kept without a copy."""
+        self._engine.set_capture_by_reference(on)
+
+    @property
+    def wrapped_module_names(self):
+        return list(self._engine.wrapped_module_names())
+
+    @property
+    def all_modules_names(self):
+        return self.wrapped_module_names + list(self.trainable_modules.keys())
+
+    def restore(self):
+        """Removes every hook; returns the model, whose outputs are then those before wrapping."""
+        self._engine.restore()
+        for h in self._hooks.values():
+            h._cpp = h._handle = None
+        self._hooks.clear()
+        return self.module

@@ -1,0 +1,191 @@
+"""Models: ``from_pretrained`` and the model object it returns."""
+import json
+import os
+
+import torch
+
+from . import _C
+
+Module = _C.Module
+Module.__doc__ = "A module of the C++ model tree (named_modules, get_submodule, named_parameters, ...)."
+
+_DTYPES = {
+    None: "float32", "auto": "auto",
+    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64",
+    "float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64",
+    "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+}
+
+
+def _dtype_name(torch_dtype):
+    try:
+        return _DTYPES[torch_dtype]
+    except (KeyError, TypeError):
+        from .errors import ConfigError
+        raise ConfigError(f"torch_dtype {torch_dtype!r} is not one of torch.float32, torch.bfloat16, "
+                          "torch.float16, torch.float64, 'auto'") from None
+
+
+def _quantization(config):
+    """None, "int8" / "nf4" / "fp4", a dict, or an object with to_dict() (Transformers' BitsAndBytesConfig)."""
+    if config is None or isinstance(config, (str, dict)):
+        return config
+    if hasattr(config, "to_dict"):
+        d = config.to_dict()
+        # json can not hold torch dtypes; the C++ reader takes their names.
+        return {k: (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v) for k, v in d.items()}
+    from .errors import ConfigError
+    raise ConfigError(f"quantization_config must be None, 'int8', 'nf4', 'fp4', a dict or a BitsAndBytesConfig, "
+                      f"got {type(config).__name__}")
+
+
+def _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, model, cached):
+    """(module name, Edit) pairs for generate's keyword edits, as the CLI's flags build them."""
+    out = []
+    for name, (vector, alpha) in (steer or {}).items():
+        out.append((name, _C.edits.add_vector(torch.as_tensor(vector), float(alpha))))
+    for item in ablate or []:
+        if isinstance(item, str):
+            out.append((item, _C.edits.zero_activation()))
+        else:
+            name, head = item
+            out.append((_C.edits.head_hook_point(model, name), _C.edits.zero_head(int(head))))
+    for name, tensor in (patch or {}).items():
+        out.append((name, _C.edits.patch_positions(torch.as_tensor(tensor), cached)))
+    for block, experts in (force_experts or {}).items():
+        out.append((block + ".hook_selected_experts", _C.edits.force_experts(list(experts))))
+    for block, experts in (ban_experts or {}).items():
+        out.append((block + ".gate", _C.edits.ban_experts(list(experts))))
+    for name, factor in (scale_experts or {}).items():
+        out.append((name, _C.edits.scale_output(float(factor))))
+    return out
+
+
+class PreTrainedModel:
+    """A causal LM loaded by :func:`from_pretrained` (every architecture of the zoo).
+
+    ``model(input_ids, attention_mask=None)`` returns the logits ``[B, T, vocab]``.
+    Module names are Transformers' (``transformer.h.0.mlp``, ``model.layers.3.self_attn``),
+    plus flexmodel's hook points (``...hook_attn_probs``, ``...hook_head_out``).
+    """
+
+    def __init__(self, lm, name_or_path=None):
+        self._lm = lm
+        self.name_or_path = name_or_path
+
+    # --- calling -------------------------------------------------------------------
+    def __call__(self, input_ids, attention_mask=None):
+        return self._lm.logits(input_ids, attention_mask)
+
+    forward = __call__
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=20, do_sample=False, temperature=1.0,
+                 top_k=0, top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, use_cache=True,
+                 steer=None, ablate=None, patch=None, force_experts=None, ban_experts=None, scale_experts=None):
+        """Greedy (or seeded sampled) generation; returns the sequences ``[B, T + new]``.
+
+        The edits are the command line's: ``steer={name: (vector, alpha)}``,
+        ``ablate=[name, (attention_name, head), ...]``, ``patch={name: tensor}``,
+        ``force_experts={block: [e, ...]}``, ``ban_experts={block: [e, ...]}``,
+        ``scale_experts={expert: factor}``. They apply to every forward (prompt and each step).
+        """
+        edits = _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, self._lm, use_cache)
+        stop = None if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        fm = _C.FlexModel(self._lm) if edits else None
+        try:
+            for name, edit in edits:
+                fm.register(name, "forward", None, edit, 0, False, False)
+            sequences, _ = self._lm.generate(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
+                                             top_p, seed, stop, pad_token_id, use_cache)
+        finally:
+            if fm is not None:
+                fm.restore()
+        return sequences
+
+    # --- the module tree -----------------------------------------------------------
+    def named_modules(self):
+        return iter(self._lm.named_modules())
+
+    def modules(self):
+        return (m for _, m in self._lm.named_modules())
+
+    def named_children(self):
+        return iter(self._lm.named_children())
+
+    def get_submodule(self, target):
+        return self._lm.get_submodule(target)
+
+    def named_parameters(self):
+        """(name, tensor) pairs; the tensors share storage with the C++ model."""
+        return iter(self._lm.named_parameters())
+
+    def parameters(self):
+        return (p for _, p in self._lm.named_parameters())
+
+    def named_buffers(self):
+        return iter(self._lm.named_buffers())
+
+    def state_dict(self):
+        return dict(self._lm.state_dict())
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    # --- what it is ------------------------------------------------------------------
+    @property
+    def config(self):
+        """config.json as a dict."""
+        return json.loads(self._lm.config_json)
+
+    @property
+    def hf_device_map(self):
+        """{module: device} when loaded with a device map, else None (Transformers' attribute)."""
+        text = self._lm.hf_device_map_json
+        return None if text is None else json.loads(text)
+
+    @property
+    def dtype(self):
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
+
+    @property
+    def class_name(self):
+        return self._lm.class_name
+
+    def __repr__(self):
+        return f"<flexmodel.PreTrainedModel {self._lm.class_name} from {self.name_or_path!r}>"
+
+
+def _engine_module(module):
+    """The C++ module behind a PreTrainedModel (or a flexmodel.Module itself)."""
+    if isinstance(module, PreTrainedModel):
+        return module._lm
+    if isinstance(module, _C.Module):
+        return module
+    from .errors import ConfigError
+    raise ConfigError(f"expected a flexmodel model (flexmodel.from_pretrained) or flexmodel.Module, got "
+                      f"{type(module).__module__}.{type(module).__name__}; torch.nn.Modules run in PyTorch, "
+                      "not in flexmodel's engine")
+
+
+def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,
+                    quantization_config=None, mmap=True):
+    """Loads a Hugging Face model folder (config.json + safetensors / .bin, sharded or not).
+
+    device_map: None (all on CPU), "auto" / "balanced" / "balanced_low_0" / "sequential",
+    one device ("cpu", "disk", 0), or a dict {module: device}. max_memory: {device: bytes or "2GiB"}.
+    torch_dtype: torch.float32 (default), torch.bfloat16, torch.float16, "auto".
+    quantization_config: "int8" / "nf4" / "fp4", a dict or Transformers' BitsAndBytesConfig.
+    mmap=False copies CPU weights into memory instead of leaving them views of the mapped file.
+    """
+    path = os.fspath(path)
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        device_map = str(device_map)
+    if isinstance(max_memory, dict):
+        max_memory = {str(k): v for k, v in max_memory.items()}
+    if isinstance(device_map, dict):
+        device_map = {k: (v if isinstance(v, str) else int(v)) for k, v in device_map.items()}
+    lm = _C.from_pretrained(path, device_map, max_memory, None if offload_folder is None else os.fspath(offload_folder),
+                            _dtype_name(torch_dtype), _quantization(quantization_config), mmap)
+    return PreTrainedModel(lm, path)

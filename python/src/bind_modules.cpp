@@ -1,0 +1,157 @@
+// The module tree and the causal LMs: flex.Module (names, submodules,
+// parameters sharing storage with the C++ model), CausalLM (call, config,
+// device map, generate) and from_pretrained.
+#include "bindings.h"
+
+#include <flex/dispatch/big_modeling.h>
+#include <flex/dispatch/device_map.h>
+#include <flex/dispatch/memory.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/from_pretrained.h>
+#include <flex/models/generate.h>
+#include <flex/quant/quantize_model.h>
+
+#include <ATen/ATen.h>
+
+namespace flex::python {
+
+py::object json_to_py(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
+
+nlohmann::json py_to_json(const py::handle& obj) {
+  const std::string text = py::str(py::module_::import("json").attr("dumps")(obj));
+  return nlohmann::json::parse(text);
+}
+
+py::object module_to_py(Module& m) {
+  // Modules live in shared_ptrs (torch::nn::Module is enable_shared_from_this).
+  auto self = std::dynamic_pointer_cast<Module>(m.shared_from_this());
+  if (auto lm = std::dynamic_pointer_cast<CausalLM>(self)) return py::cast(lm);
+  return py::cast(self);
+}
+
+namespace {
+
+std::vector<std::pair<std::string, at::Tensor>> named_tensors(Module& m, bool buffers) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (buffers) {
+    for (const auto& kv : m.named_buffers(/*recurse=*/true))
+      if (kv.value().defined()) out.emplace_back(kv.key(), kv.value());
+  } else {
+    for (const auto& kv : m.named_parameters(/*recurse=*/true)) out.emplace_back(kv.key(), kv.value());
+  }
+  return out;
+}
+
+PretrainedOptions pretrained_options(const py::object& device_map, const py::object& max_memory,
+                                     const py::object& offload_folder, const std::string& torch_dtype,
+                                     const py::object& quantization_config, bool mmap) {
+  PretrainedOptions o;
+  o.torch_dtype = torch_dtype;
+  o.mmap = mmap;
+  if (py::isinstance<py::str>(device_map)) {
+    o.device_map_strategy = device_map.cast<std::string>();
+  } else if (!device_map.is_none()) {
+    o.device_map = DeviceMap::from_json(py_to_json(device_map).dump(), "device_map");
+  }
+  if (!max_memory.is_none()) o.max_memory = MaxMemory::from_json(py_to_json(max_memory).dump(), "max_memory");
+  if (!offload_folder.is_none()) o.offload_folder = py::str(offload_folder).cast<std::string>();
+  if (py::isinstance<py::str>(quantization_config)) {
+    o.quantization = quantization_from_string(quantization_config.cast<std::string>());
+  } else if (!quantization_config.is_none()) {
+    o.quantization = bnb_config_from_json(py_to_json(quantization_config), "quantization_config");
+    o.quantization->validate();
+  }
+  return o;
+}
+
+}  // namespace
+
+void bind_modules(py::module_& m) {
+  py::class_<Module, std::shared_ptr<Module>>(m, "Module")
+      .def_property_readonly("class_name", &Module::class_name)
+      .def("named_modules",
+           [](Module& self) {
+             std::vector<std::pair<std::string, py::object>> out;
+             for (auto& [name, mod] : self.named_flex_modules()) out.emplace_back(name, module_to_py(*mod));
+             return out;
+           })
+      .def("named_children",
+           [](Module& self) {
+             std::vector<std::pair<std::string, py::object>> out;
+             for (auto& [name, mod] : self.named_flex_children()) out.emplace_back(name, module_to_py(*mod));
+             return out;
+           })
+      .def("get_submodule", [](Module& self, const std::string& path) { return module_to_py(*self.get_submodule(path)); })
+      .def("named_parameters", [](Module& self) { return named_tensors(self, false); })
+      .def("named_buffers", [](Module& self) { return named_tensors(self, true); })
+      .def("state_dict", [](Module& self) { return state_dict(self); })
+      .def("get_tensor", [](Module& self, const std::string& name) { return get_module_tensor(self, name); })
+      .def(
+          "call",
+          [](Module& self, const at::Tensor& x) {
+            py::gil_scoped_release nogil;
+            return self(x);
+          },
+          "Runs the module (hooks included) on one positional tensor; its output's first tensor")
+      .def_property_readonly("hf_device_map_json", [](const Module& self) -> py::object {
+        auto map = hf_device_map(self);
+        if (!map) return py::none();
+        return py::str(map->to_json());
+      });
+
+  py::class_<CausalLM, Module, std::shared_ptr<CausalLM>>(m, "CausalLM")
+      .def(
+          "logits",
+          [](CausalLM& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask) {
+            LMInputs in;
+            in.input_ids = input_ids;
+            if (attention_mask) in.attention_mask = *attention_mask;
+            py::gil_scoped_release nogil;
+            return self.run(in).logits;
+          },
+          py::arg("input_ids"), py::arg("attention_mask") = py::none())
+      .def_property_readonly("config_json", [](CausalLM& self) { return self.config().raw.dump(); })
+      .def_property_readonly("model_type", [](CausalLM& self) { return self.config().model_type; })
+      .def_property_readonly("base_model_prefix", &CausalLM::base_model_prefix)
+      .def_property_readonly("no_split_modules", &CausalLM::no_split_modules)
+      .def(
+          "generate",
+          [](CausalLM& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
+             int64_t max_new_tokens, bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed,
+             const std::optional<std::vector<int64_t>>& stop_tokens, const std::optional<int64_t>& pad_token_id,
+             bool use_cache) {
+            GenerateOptions g;
+            g.max_new_tokens = max_new_tokens;
+            g.do_sample = do_sample;
+            g.temperature = temperature;
+            g.top_k = top_k;
+            g.top_p = top_p;
+            g.seed = seed;
+            g.stop_tokens = stop_tokens;
+            g.pad_token_id = pad_token_id;
+            g.use_cache = use_cache;
+            py::gil_scoped_release nogil;
+            const GenerateOutput out = generate(self, input_ids, attention_mask.value_or(at::Tensor()), g);
+            return std::make_tuple(out.sequences, out.num_generated);
+          },
+          py::arg("input_ids"), py::arg("attention_mask") = py::none(), py::arg("max_new_tokens") = 20,
+          py::arg("do_sample") = false, py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+          py::arg("seed") = 0, py::arg("stop_tokens") = py::none(), py::arg("pad_token_id") = py::none(),
+          py::arg("use_cache") = true);
+
+  m.def(
+      "from_pretrained",
+      [](const std::string& path, const py::object& device_map, const py::object& max_memory,
+         const py::object& offload_folder, const std::string& torch_dtype, const py::object& quantization_config,
+         bool mmap) {
+        const PretrainedOptions o =
+            pretrained_options(device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
+        py::gil_scoped_release nogil;
+        return from_pretrained(path, o);
+      },
+      py::arg("path"), py::arg("device_map") = py::none(), py::arg("max_memory") = py::none(),
+      py::arg("offload_folder") = py::none(), py::arg("torch_dtype") = "float32",
+      py::arg("quantization_config") = py::none(), py::arg("mmap") = true);
+}
+
+}  // namespace flex::python

@@ -1,0 +1,12 @@
+// flexmodel._C: the C++ engine's Python face (see bindings.h).
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "flexmodel's C++ engine (use the flexmodel package, not this module)";
+  // The libtorch this extension was compiled against: flexmodel/__init__.py
+  // compares it with the imported torch before loading anything else.
+  m.attr("torch_version") = FLEX_BUILT_TORCH_VERSION;
+  flex::python::bind_errors(m);
+  flex::python::bind_modules(m);
+  flex::python::bind_flex_model(m);
+}
