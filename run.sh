@@ -21,7 +21,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=${FLEXMODEL_BUILD:-$root/build}
 export FLEXMODEL_BUILD=$build
 if [ -z "${FLEXMODEL_SKIP_BUILD:-}" ]; then
-  bash "$root/scripts/build.sh" flexmodel train_induction
+  bash "$root/scripts/build.sh" flexmodel train_induction flexmodel_python
 fi
 export OMP_WAIT_POLICY=PASSIVE
 work=${FLEXMODEL_DEMO_DIR:-$build/demo}

@@ -18,4 +18,8 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLEXMODEL_CMA
 if [ "$#" -gt 0 ]; then what="$*"; else what="everything"; fi
 echo "flexmodel build: [3/3] compile $what on $(nproc) core(s); ninja prints [done/total] per step"
 ninja -C "$build" -j"$(nproc)" "$@"
+# The Python package, when it was built: importable from the build tree.
+if [ "$#" -eq 0 ] || [[ " $* " == *" flexmodel_python "* ]]; then
+  if ls "$build"/python/flexmodel/_C*.so >/dev/null 2>&1; then bash "$root/scripts/python-dev.sh"; fi
+fi
 echo "flexmodel build: done in $((SECONDS - start)) s"

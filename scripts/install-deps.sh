@@ -44,3 +44,17 @@ if [ "${have%%+*}" != "$torch_version" ]; then
   "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
   "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" "torch==$torch_version"
 fi
+
+# The Python package's tests (tests/python): pytest, and Transformers as the
+# reference they compare with. Pinned, with torch pinned in the same command so
+# nothing upgrades it.
+if [ "${1:-}" = "--tests" ]; then
+  py_want="pytest==9.0.3 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3"
+  if ! "$python" -c "import pytest, transformers, safetensors, tokenizers, sys; sys.exit((pytest.__version__, transformers.__version__, safetensors.__version__, tokenizers.__version__) != ('9.0.3', '5.23.0', '0.8.0', '0.23.3'))" 2>/dev/null; then
+    echo "flexmodel: installing $py_want (Python tests)" >&2
+    extra=()
+    "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
+    # shellcheck disable=SC2086
+    "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" $py_want "torch==$torch_version"
+  fi
+fi
