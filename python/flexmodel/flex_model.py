@@ -56,8 +56,16 @@ class HookFunction:
         return f"HookFunction({self.module_name!r}{where})"
 
 
-def _trampoline(fm_ref, fn):
-    """The engine calls fn(module, activation); the user's function also gets save_ctx and the trainable modules."""
+def _engine_edit(fm, fn, what):
+    """What the engine runs for an editing function: None, a built-in Edit as is, or a Python callable
+    wrapped so that it also gets save_ctx and the trainable modules (through a weak reference: the
+    engine's hooks must not keep the FlexModel alive)."""
+    if fn is None or isinstance(fn, _C.Edit):
+        return fn
+    if not callable(fn):
+        raise ConfigError(f"{what}: editing_function must be callable, got {type(fn).__name__}")
+    fm_ref = weakref.ref(fm)
+
     def call(module, activation):
         fm = fm_ref()
         return fn(module, activation, fm.save_ctx, fm.trainable_modules)
@@ -109,12 +117,7 @@ class FlexModel:
             raise ConfigError(f"expected a flexmodel.HookFunction, got {type(hook).__name__}")
         if hook._cpp is not None:
             raise ConfigError(f"{hook!r} is already registered")
-        fn = hook.editing_function
-        if fn is not None and not isinstance(fn, _C.Edit):
-            if not callable(fn):
-                raise ConfigError(f"HookFunction({hook.module_name!r}): editing_function must be callable, "
-                                  f"got {type(fn).__name__}")
-            fn = _trampoline(weakref.ref(self), fn)
+        fn = _engine_edit(self, hook.editing_function, f"HookFunction({hook.module_name!r})")
         cpp, handle = self._engine.register(hook.module_name, hook_type, hook.expected_shape, fn, hook.unpack_idx,
                                             hook.save, hook.save_after_edit)
         hook._cpp, hook._handle = cpp, handle
@@ -153,9 +156,7 @@ class FlexModel:
                           unpack_idx=0, regex=False, hook_type="forward"):
         """One HookFunction per module whose name contains ``group_constructor`` (or, with regex=True,
         fully matches it), all tagged ``group_name``; returns them."""
-        fn = editing_function
-        if fn is not None and not isinstance(fn, _C.Edit):
-            fn = _trampoline(weakref.ref(self), fn)
+        fn = _engine_edit(self, editing_function, f"hook group {group_name!r}")
         made = self._engine.create_hook_group(group_name, group_constructor, regex, hook_type, expected_shape, fn,
                                               unpack_idx, True)
         hooks = self._python_hooks(made)

@@ -41,23 +41,18 @@ def _quantization(config):
 
 def _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, model, cached):
     """(module name, Edit) pairs for generate's keyword edits, as the CLI's flags build them."""
-    out = []
-    for name, (vector, alpha) in (steer or {}).items():
-        out.append((name, _C.edits.add_vector(torch.as_tensor(vector), float(alpha))))
+    from . import edits
+    out = [(name, edits.steer(vector, alpha)) for name, (vector, alpha) in (steer or {}).items()]
     for item in ablate or []:
         if isinstance(item, str):
-            out.append((item, _C.edits.zero_activation()))
+            out.append((item, edits.ablate()))
         else:
             name, head = item
-            out.append((_C.edits.head_hook_point(model, name), _C.edits.zero_head(int(head))))
-    for name, tensor in (patch or {}).items():
-        out.append((name, _C.edits.patch_positions(torch.as_tensor(tensor), cached)))
-    for block, experts in (force_experts or {}).items():
-        out.append((block + ".hook_selected_experts", _C.edits.force_experts(list(experts))))
-    for block, experts in (ban_experts or {}).items():
-        out.append((block + ".gate", _C.edits.ban_experts(list(experts))))
-    for name, factor in (scale_experts or {}).items():
-        out.append((name, _C.edits.scale_output(float(factor))))
+            out.append((_C.edits.head_hook_point(model, name), edits.ablate_head(head)))
+    out += [(name, edits.patch(tensor, cached)) for name, tensor in (patch or {}).items()]
+    out += [(block + ".hook_selected_experts", edits.force_experts(e)) for block, e in (force_experts or {}).items()]
+    out += [(block + ".gate", edits.ban_experts(e)) for block, e in (ban_experts or {}).items()]
+    out += [(name, edits.scale_output(f)) for name, f in (scale_experts or {}).items()]
     return out
 
 

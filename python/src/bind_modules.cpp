@@ -17,10 +17,11 @@ namespace flex::python {
 
 py::object json_to_py(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
 
-nlohmann::json py_to_json(const py::handle& obj) {
-  const std::string text = py::str(py::module_::import("json").attr("dumps")(obj));
-  return nlohmann::json::parse(text);
+std::string py_to_json_text(const py::handle& obj) {
+  return py::str(py::module_::import("json").attr("dumps")(obj));
 }
+
+nlohmann::json py_to_json(const py::handle& obj) { return nlohmann::json::parse(py_to_json_text(obj)); }
 
 py::object module_to_py(Module& m) {
   // Modules live in shared_ptrs (torch::nn::Module is enable_shared_from_this).
@@ -51,9 +52,9 @@ PretrainedOptions pretrained_options(const py::object& device_map, const py::obj
   if (py::isinstance<py::str>(device_map)) {
     o.device_map_strategy = device_map.cast<std::string>();
   } else if (!device_map.is_none()) {
-    o.device_map = DeviceMap::from_json(py_to_json(device_map).dump(), "device_map");
+    o.device_map = DeviceMap::from_json(py_to_json_text(device_map), "device_map");
   }
-  if (!max_memory.is_none()) o.max_memory = MaxMemory::from_json(py_to_json(max_memory).dump(), "max_memory");
+  if (!max_memory.is_none()) o.max_memory = MaxMemory::from_json(py_to_json_text(max_memory), "max_memory");
   if (!offload_folder.is_none()) o.offload_folder = py::str(offload_folder).cast<std::string>();
   if (py::isinstance<py::str>(quantization_config)) {
     o.quantization = quantization_from_string(quantization_config.cast<std::string>());

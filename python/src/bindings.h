@@ -24,6 +24,7 @@ void bind_flex_model(py::module_& m);
 /// JSON <-> Python objects through the json module (configs, device maps).
 py::object json_to_py(const nlohmann::json& j);
 nlohmann::json py_to_json(const py::handle& obj);
+std::string py_to_json_text(const py::handle& obj);
 
 /// The Python object for a module of the tree (the bound flex.Module).
 py::object module_to_py(Module& m);
