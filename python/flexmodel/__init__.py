@@ -35,5 +35,6 @@ from .errors import (  # noqa: E402,F401
 from .modeling import Module, PreTrainedModel, from_pretrained  # noqa: E402,F401
 from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
 from . import edits  # noqa: E402,F401
+from ._C import world_rank, world_size  # noqa: E402,F401  (mpirun: this process's rank, the job's size)
 
 __version__ = "0.1.0"

@@ -85,21 +85,51 @@ class FlexModel:
     def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
         if not isinstance(output_ptr, dict):
             raise ConfigError(f"output_ptr must be a dict, got {type(output_ptr).__name__}")
-        if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
-            raise UnsupportedError(
-                "FlexModel from Python runs in one process in this version; tensor / pipeline / data parallel "
-                "runs are available from C++ and the flexmodel command line (--tp/--pp/--dp under mpirun)")
         self.module = module
-        self._engine = _C.FlexModel(_engine_module(module))
         self.output_ptr = output_ptr
         self.save_ctx = SaveContext()
         self.trainable_modules = torch.nn.ModuleDict()
         self.tp_size, self.pp_size, self.dp_size = tensor_parallel_size, pipeline_parallel_size, data_parallel_size
         self._hooks = {}  # engine hook key -> HookFunction
+        engine_module = _engine_module(module)
+        self._mesh = None
+        if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
+            # Every rank of the job (mpirun -np tp*pp*dp) loaded the same model; each keeps its slices
+            # and the engine's router brings whole activations to rank 0.
+            if not isinstance(engine_module, _C.CausalLM):
+                raise UnsupportedError("tensor / pipeline / data parallel FlexModel needs a causal LM from "
+                                       "flexmodel.from_pretrained")
+            self._mesh = _C.DeviceMesh(tensor_parallel_size, pipeline_parallel_size, data_parallel_size)
+            engine_module = _C.parallelize(engine_module, self._mesh)
+        self._engine = _C.FlexModel(engine_module)
+        if self._mesh is not None:
+            self._engine.set_mesh(self._mesh, engine_module)
+
+    # --- where this process is --------------------------------------------------------
+    @property
+    def rank(self):
+        """This process's rank in the (tp, pp, dp) mesh; 0 in one process. Captures and the whole
+        logits are on rank 0."""
+        return 0 if self._mesh is None else self._mesh.rank
+
+    @property
+    def tp_rank(self):
+        return 0 if self._mesh is None else self._mesh.tp_rank
+
+    @property
+    def pp_rank(self):
+        return 0 if self._mesh is None else self._mesh.pp_rank
+
+    @property
+    def dp_rank(self):
+        return 0 if self._mesh is None else self._mesh.dp_rank
 
     # --- running -------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, groups="all", complement=False):
-        """Runs the model with the hooks of ``groups`` (or, with complement, all others); returns the logits."""
+        """Runs the model with the hooks of ``groups`` (or, with complement, all others); returns the logits.
+
+        Under mpirun every rank calls it with the whole batch; rank 0 gets the whole logits and the
+        captures in ``output_ptr`` (other ranks' output_ptr stays empty)."""
         groups = [groups] if isinstance(groups, str) else list(groups)
         logits, captures = self._engine.forward(input_ids, attention_mask, groups, complement)
         self._store(captures)
@@ -200,6 +230,10 @@ class FlexModel:
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(f"register_trainable_module({name!r}): expected a torch.nn.Module, "
                               f"got {type(module).__name__}")
+        if self._mesh is not None:
+            # One probe, not one per rank: every rank starts from rank 0's values (a collective).
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                self._mesh.broadcast_(tensor, 0)
         self.trainable_modules[name] = module
 
     def get_module_parameter(self, param_name, expected_shape=None):

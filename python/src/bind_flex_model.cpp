@@ -10,6 +10,8 @@
 #include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/causal_lm.h>
+#include <flex/models/parallel_lm.h>
+#include <flex/parallel/device_mesh.h>
 
 #include <ATen/ATen.h>
 
@@ -69,7 +71,8 @@ py::dict take_captures(FlexModel& fm) {
 Value run(FlexModel& fm, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
           const std::vector<std::string>& groups, bool complement) {
   Inputs in;
-  if (std::dynamic_pointer_cast<CausalLM>(fm.module())) {
+  const auto& model = fm.module();
+  if (std::dynamic_pointer_cast<CausalLM>(model) || std::dynamic_pointer_cast<ParallelCausalLM>(model)) {
     LMInputs lm;
     lm.input_ids = input_ids;
     if (attention_mask) lm.attention_mask = *attention_mask;
@@ -163,6 +166,13 @@ void bind_flex_model(py::module_& m) {
           py::arg("complement") = false)
       .def("take_captures", &take_captures, "Captures made since the last forward (e.g. by generate), then emptied")
       .def("set_capture_by_reference", &FlexModel::set_capture_by_reference)
+      .def(
+          "set_mesh",
+          [](FlexModel& fm, const DeviceMesh& mesh, const std::shared_ptr<ParallelCausalLM>& model) {
+            py::gil_scoped_release nogil;  // collective (trainable modules are made equal)
+            fm.set_mesh(mesh, model->layout());
+          },
+          py::arg("mesh"), py::arg("model"))
       .def("wrapped_module_requires_grad", &FlexModel::wrapped_module_requires_grad)
       .def("get_module_parameter", &FlexModel::get_module_parameter, py::arg("name"),
            py::arg("expected_shape") = std::vector<int64_t>{})

@@ -20,6 +20,7 @@ namespace py = pybind11;
 void bind_errors(py::module_& m);
 void bind_modules(py::module_& m);
 void bind_flex_model(py::module_& m);
+void bind_parallel(py::module_& m);
 
 /// JSON <-> Python objects through the json module (configs, device maps).
 py::object json_to_py(const nlohmann::json& j);
