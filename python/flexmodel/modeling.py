@@ -2,42 +2,11 @@
 import json
 import os
 
-import torch
-
 from . import _C
+from ._arguments import device_map_json, device_name, dtype_name, max_memory_json, quantization
 
 Module = _C.Module
 Module.__doc__ = "A module of the C++ model tree (named_modules, get_submodule, named_parameters, ...)."
-
-_DTYPES = {
-    None: "float32", "auto": "auto",
-    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64",
-    "float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64",
-    "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
-}
-
-
-def _dtype_name(torch_dtype):
-    try:
-        return _DTYPES[torch_dtype]
-    except (KeyError, TypeError):
-        from .errors import ConfigError
-        raise ConfigError(f"torch_dtype {torch_dtype!r} is not one of torch.float32, torch.bfloat16, "
-                          "torch.float16, torch.float64, 'auto'") from None
-
-
-def _quantization(config):
-    """None, "int8" / "nf4" / "fp4", a dict, or an object with to_dict() (Transformers' BitsAndBytesConfig)."""
-    if config is None or isinstance(config, (str, dict)):
-        return config
-    if hasattr(config, "to_dict"):
-        d = config.to_dict()
-        # json can not hold torch dtypes; the C++ reader takes their names.
-        return {k: (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v) for k, v in d.items()}
-    from .errors import ConfigError
-    raise ConfigError(f"quantization_config must be None, 'int8', 'nf4', 'fp4', a dict or a BitsAndBytesConfig, "
-                      f"got {type(config).__name__}")
-
 
 def _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, model, cached):
     """(module name, Edit) pairs for generate's keyword edits, as the CLI's flags build them."""
@@ -175,12 +144,12 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     mmap=False copies CPU weights into memory instead of leaving them views of the mapped file.
     """
     path = os.fspath(path)
-    if isinstance(device_map, int) and not isinstance(device_map, bool):
-        device_map = str(device_map)
-    if isinstance(max_memory, dict):
-        max_memory = {str(k): v for k, v in max_memory.items()}
+    strategy, explicit = None, None
     if isinstance(device_map, dict):
-        device_map = {k: (v if isinstance(v, str) else int(v)) for k, v in device_map.items()}
-    lm = _C.from_pretrained(path, device_map, max_memory, None if offload_folder is None else os.fspath(offload_folder),
-                            _dtype_name(torch_dtype), _quantization(quantization_config), mmap)
+        explicit = device_map_json(device_map)
+    elif device_map is not None:
+        strategy = str(device_name(device_map))  # "auto", "cpu", "disk", 0, torch.device("cuda:1")
+    lm = _C.from_pretrained(path, strategy, explicit, max_memory_json(max_memory),
+                            None if offload_folder is None else os.fspath(offload_folder),
+                            dtype_name(torch_dtype), quantization(quantization_config), mmap)
     return PreTrainedModel(lm, path)

@@ -12,16 +12,9 @@
 #include <flex/quant/quantize_model.h>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 namespace flex::python {
-
-py::object json_to_py(const nlohmann::json& j) { return py::module_::import("json").attr("loads")(j.dump()); }
-
-std::string py_to_json_text(const py::handle& obj) {
-  return py::str(py::module_::import("json").attr("dumps")(obj));
-}
-
-nlohmann::json py_to_json(const py::handle& obj) { return nlohmann::json::parse(py_to_json_text(obj)); }
 
 py::object module_to_py(Module& m) {
   // Modules live in shared_ptrs (torch::nn::Module is enable_shared_from_this).
@@ -31,6 +24,10 @@ py::object module_to_py(Module& m) {
 }
 
 namespace {
+
+nlohmann::json py_to_json(const py::handle& obj) {
+  return nlohmann::json::parse(py::str(py::module_::import("json").attr("dumps")(obj)).cast<std::string>());
+}
 
 std::vector<std::pair<std::string, at::Tensor>> named_tensors(Module& m, bool buffers) {
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -43,19 +40,18 @@ std::vector<std::pair<std::string, at::Tensor>> named_tensors(Module& m, bool bu
   return out;
 }
 
-PretrainedOptions pretrained_options(const py::object& device_map, const py::object& max_memory,
-                                     const py::object& offload_folder, const std::string& torch_dtype,
+PretrainedOptions pretrained_options(const std::optional<std::string>& strategy,
+                                     const std::optional<std::string>& device_map,
+                                     const std::optional<std::string>& max_memory,
+                                     const std::optional<std::string>& offload_folder, const std::string& torch_dtype,
                                      const py::object& quantization_config, bool mmap) {
   PretrainedOptions o;
   o.torch_dtype = torch_dtype;
   o.mmap = mmap;
-  if (py::isinstance<py::str>(device_map)) {
-    o.device_map_strategy = device_map.cast<std::string>();
-  } else if (!device_map.is_none()) {
-    o.device_map = DeviceMap::from_json(py_to_json_text(device_map), "device_map");
-  }
-  if (!max_memory.is_none()) o.max_memory = MaxMemory::from_json(py_to_json_text(max_memory), "max_memory");
-  if (!offload_folder.is_none()) o.offload_folder = py::str(offload_folder).cast<std::string>();
+  o.device_map_strategy = strategy.value_or("");
+  if (device_map) o.device_map = DeviceMap::from_json(*device_map, "device_map");
+  if (max_memory) o.max_memory = MaxMemory::from_json(*max_memory, "max_memory");
+  o.offload_folder = offload_folder;
   if (py::isinstance<py::str>(quantization_config)) {
     o.quantization = quantization_from_string(quantization_config.cast<std::string>());
   } else if (!quantization_config.is_none()) {
@@ -142,17 +138,17 @@ void bind_modules(py::module_& m) {
 
   m.def(
       "from_pretrained",
-      [](const std::string& path, const py::object& device_map, const py::object& max_memory,
-         const py::object& offload_folder, const std::string& torch_dtype, const py::object& quantization_config,
-         bool mmap) {
+      [](const std::string& path, const std::optional<std::string>& strategy,
+         const std::optional<std::string>& device_map, const std::optional<std::string>& max_memory,
+         const std::optional<std::string>& offload_folder, const std::string& torch_dtype,
+         const py::object& quantization_config, bool mmap) {
         const PretrainedOptions o =
-            pretrained_options(device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
+            pretrained_options(strategy, device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
         py::gil_scoped_release nogil;
         return from_pretrained(path, o);
       },
-      py::arg("path"), py::arg("device_map") = py::none(), py::arg("max_memory") = py::none(),
-      py::arg("offload_folder") = py::none(), py::arg("torch_dtype") = "float32",
-      py::arg("quantization_config") = py::none(), py::arg("mmap") = true);
+      py::arg("path"), py::arg("strategy"), py::arg("device_map"), py::arg("max_memory"), py::arg("offload_folder"),
+      py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"));
 }
 
 }  // namespace flex::python

@@ -8,8 +8,6 @@
 #include <flex/flexcore/hook_function.h>
 #include <flex/hooks/module.h>
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
 #include <string>
 
@@ -21,11 +19,7 @@ void bind_errors(py::module_& m);
 void bind_modules(py::module_& m);
 void bind_flex_model(py::module_& m);
 void bind_parallel(py::module_& m);
-
-/// JSON <-> Python objects through the json module (configs, device maps).
-py::object json_to_py(const nlohmann::json& j);
-nlohmann::json py_to_json(const py::handle& obj);
-std::string py_to_json_text(const py::handle& obj);
+void bind_dispatch(py::module_& m);
 
 /// The Python object for a module of the tree (the bound flex.Module).
 py::object module_to_py(Module& m);

@@ -8,6 +8,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("torch_version") = FLEX_BUILT_TORCH_VERSION;
   flex::python::bind_errors(m);
   flex::python::bind_modules(m);
+  flex::python::bind_dispatch(m);
   flex::python::bind_parallel(m);
   flex::python::bind_flex_model(m);
 }
