@@ -37,6 +37,7 @@ from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
 from .big_modeling import (  # noqa: E402,F401
     cpu_offload, disk_offload, dispatch_model, from_config, infer_auto_device_map, init_empty_weights,
     load_checkpoint_and_dispatch)
+from .activation_datasets import ActivationDataset, ActivationLoader, capture_dataset  # noqa: E402,F401
 from . import edits  # noqa: E402,F401
 from ._C import world_rank, world_size  # noqa: E402,F401  (mpirun: this process's rank, the job's size)
 

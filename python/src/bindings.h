@@ -20,6 +20,7 @@ void bind_modules(py::module_& m);
 void bind_flex_model(py::module_& m);
 void bind_parallel(py::module_& m);
 void bind_dispatch(py::module_& m);
+void bind_datasets(py::module_& m);
 
 /// The Python object for a module of the tree (the bound flex.Module).
 py::object module_to_py(Module& m);

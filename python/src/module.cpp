@@ -11,4 +11,5 @@ PYBIND11_MODULE(_C, m) {
   flex::python::bind_dispatch(m);
   flex::python::bind_parallel(m);
   flex::python::bind_flex_model(m);
+  flex::python::bind_datasets(m);
 }

@@ -115,3 +115,26 @@ def test_wrong_job_size_is_a_config_error():
     n = flexmodel.world_size()
     with pytest.raises(flexmodel.ConfigError, match=f"this job has {n}"):
         flexmodel.FlexModel(model, {}, tensor_parallel_size=n + 1)
+
+
+def test_capture_dataset_over_the_mesh_equals_one_process(tmp_path_factory):
+    # Every rank runs the same batches; rank 0 holds the whole activations and writes the shards.
+    from safetensors.torch import save_file
+    meta, _ = golden("llama")
+    model = flexmodel.from_pretrained(DATA / meta["model_dir"])
+    root = tmp_path_factory.getbasetemp() / f"rank{flexmodel.world_rank()}"
+    root.mkdir(parents=True, exist_ok=True)
+    ids = torch.arange(64).remainder(model.config["vocab_size"]).reshape(4, 16)
+    save_file({"input_ids": ids}, str(root / "ids.safetensors"))
+    hooks = ["model.layers.0", "model.layers.1.mlp"]
+    fm = flexmodel.FlexModel(model, {}, **mesh_kwargs())
+    result = flexmodel.capture_dataset(fm, root / "ids.safetensors", root / "acts", hooks, context_len=8,
+                                       batch_size=4)
+    if fm.rank != 0:
+        assert result["tokens_stored"] == 0
+        return
+    assert result["tokens_stored"] == 64
+    flexmodel.capture_dataset(model, root / "ids.safetensors", root / "one", hooks, context_len=8, batch_size=4)
+    got, want = flexmodel.ActivationDataset(root / "acts").shard(0), flexmodel.ActivationDataset(root / "one").shard(0)
+    for key in hooks + ["token_ids", "context", "offset"]:
+        assert_close(got[key].double(), want[key].double(), 1e-4, f"mesh capture {key}")
