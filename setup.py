@@ -9,14 +9,15 @@ import subprocess
 import sys
 
 from setuptools import setup
-from setuptools.command.build_py import build_py
+from setuptools.command.build_ext import build_ext
 from setuptools.dist import Distribution
 
 ROOT = pathlib.Path(__file__).parent.resolve()
 
 
-class CMakeBuildPy(build_py):
-    """Configures and builds the target flexmodel_python, then copies the package and its libraries."""
+class CMakeBuild(build_ext):
+    """Configures and builds the target flexmodel_python, then copies the package and its libraries.
+    (build_ext, not build_py: setuptools runs build_ext for a distribution with extension modules.)"""
 
     def run(self):
         build = pathlib.Path(os.environ.get("FLEXMODEL_PIP_BUILD", ROOT / "build" / "pip"))
@@ -41,4 +42,4 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(packages=[], cmdclass={"build_py": CMakeBuildPy}, distclass=BinaryDistribution)
+setup(packages=[], cmdclass={"build_ext": CMakeBuild}, distclass=BinaryDistribution)
