@@ -5,6 +5,7 @@
 #include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <limits>
 
@@ -91,6 +92,9 @@ thread_local PlainCausalMemo plain_causal_memo;
 at::Tensor allowed_mask(const at::Tensor& attention_mask, int64_t batch, int64_t t, int64_t past,
                         const c10::Device& device) {
   if (!attention_mask.defined() && t == 1) return {};
+  // A normal tensor even under torch.inference_mode(): the plain-causal memo
+  // below needs its version counter (inference tensors have none).
+  c10::InferenceMode normal_tensors(false);
   const int64_t s = past + t;
   auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor q = at::arange(past, s, opts).unsqueeze(1);

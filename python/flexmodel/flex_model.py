@@ -79,7 +79,8 @@ class FlexModel:
     output_ptr: a dict; after each forward it maps every capturing hook's key (the module
         name; ``name#input`` for pre-hooks, ``name#grad_input`` / ``#grad_output`` / ``#grad``
         for gradient hooks) to a CPU tensor, or a list of tensors when the module ran
-        several times in that forward.
+        several times in that forward. Entries of the previous forward are dropped when the next
+        one starts (keep a reference to a tensor to keep it).
     """
 
     def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
@@ -91,6 +92,7 @@ class FlexModel:
         self.trainable_modules = torch.nn.ModuleDict()
         self.tp_size, self.pp_size, self.dp_size = tensor_parallel_size, pipeline_parallel_size, data_parallel_size
         self._hooks = {}  # engine hook key -> HookFunction
+        self._stored = {}  # output_ptr entries the last forward wrote
         engine_module = _engine_module(module)
         self._mesh = None
         if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
@@ -131,6 +133,7 @@ class FlexModel:
         Under mpirun every rank calls it with the whole batch; rank 0 gets the whole logits and the
         captures in ``output_ptr`` (other ranks' output_ptr stays empty)."""
         groups = [groups] if isinstance(groups, str) else list(groups)
+        self._drop_previous()
         logits, captures = self._engine.forward(input_ids, attention_mask, groups, complement)
         self._store(captures)
         return logits
@@ -139,7 +142,23 @@ class FlexModel:
 
     def _store(self, captures):
         for key, tensors in captures.items():
-            self.output_ptr[key] = tensors[0] if len(tensors) == 1 else tensors
+            self.output_ptr[key] = value = tensors[0] if len(tensors) == 1 else tensors
+            self._stored[key] = value
+
+    def _drop_previous(self):
+        # output_ptr holds this forward's captures: the previous forward's are let go before the model
+        # runs (unless the caller replaced or kept them elsewhere), so their memory is reused instead of
+        # the allocator taking fresh pages for every captured activation.
+        for key, value in self._stored.items():
+            if self.output_ptr.get(key) is value:
+                del self.output_ptr[key]
+        self._stored.clear()
+        self._engine.clear()  # captures of calls outside forward (the model called directly) are not this forward's
+
+    def take_captures(self):
+        """Captures made by calls of the model outside :meth:`forward` (``model(ids)``, ``model.generate``
+        with this FlexModel's hooks attached): ``{key: [tensor per call]}``, then emptied."""
+        return self._engine.take_captures()
 
     # --- registration ----------------------------------------------------------------
     def _register(self, hook, hook_type):

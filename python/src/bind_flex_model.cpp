@@ -165,6 +165,7 @@ void bind_flex_model(py::module_& m) {
           py::arg("input_ids"), py::arg("attention_mask") = py::none(), py::arg("groups") = std::vector<std::string>{"all"},
           py::arg("complement") = false)
       .def("take_captures", &take_captures, "Captures made since the last forward (e.g. by generate), then emptied")
+      .def("clear", &FlexModel::clear, "Drops the captures not taken yet")
       .def("set_capture_by_reference", &FlexModel::set_capture_by_reference)
       .def(
           "set_mesh",
