@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what flexmodel needs, only what is missing (a second run costs a
 # few dpkg queries and one Python import). Runs as root on a fresh Debian 12.
-#   install-deps.sh [--tests]   --tests adds what only the test suite uses:
-#                               Chromium (the report's browser test), clang,
-#                               lld and compiler-rt (the sanitizer and fuzz
-#                               stages), valgrind.
+#   install-deps.sh [--tests] [--bench]
+#     --tests adds what only the test suite uses: Chromium (the report's
+#             browser test), clang, lld and compiler-rt (the sanitizer and fuzz
+#             stages), valgrind, and pytest + Transformers for tests/python.
+#     --bench adds the peers bench/python/bench_python.py compares with:
+#             nnsight, TransformerLens, Accelerate and Vector Institute's
+#             FlexModel (PyPI flex-model), with Transformers, all pinned.
 #
 # libtorch comes from PyTorch's wheel, pinned: installed first and on its own,
 # because any later package that asks for "torch" unpinned would otherwise
@@ -14,13 +17,21 @@ set -euo pipefail
 torch_version=${FLEX_TORCH_VERSION:-2.13.0}
 python=${FLEX_PYTHON:-python3}
 SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+tests=0; bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) tests=1 ;;
+    --bench) bench=1 ;;
+    *) echo "usage: install-deps.sh [--tests] [--bench]" >&2; exit 2 ;;
+  esac
+done
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libpcre2-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
       python3-pip)
-if [ "${1:-}" = "--tests" ]; then pkgs+=(chromium clang lld libclang-rt-14-dev valgrind); fi
+if ((tests)); then pkgs+=(chromium clang lld libclang-rt-14-dev valgrind); fi
 # A pyenv or venv interpreter brings its own pip: Debian's is then not needed.
 if "$python" -m pip --version >/dev/null 2>&1; then pkgs=("${pkgs[@]/python3-pip}"); fi
 missing=()
@@ -35,26 +46,51 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# pip install, as root, into an interpreter whose site-packages Debian may
+# mark externally managed.
+pip_install() {
+  local extra=()
+  "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
+  "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" "$@"
+}
+
 # PyTorch (its libtorch: headers, libraries, share/cmake/Torch).
 have=$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
 if [ "${have%%+*}" != "$torch_version" ]; then
   echo "flexmodel: installing torch==$torch_version (found: ${have:-none})" >&2
-  # Debian's own Python marks its site-packages as externally managed.
-  extra=()
-  "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
-  "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" "torch==$torch_version"
+  pip_install "torch==$torch_version"
+fi
+
+# `pip install --no-build-isolation .` builds a wheel with the setuptools
+# found here: setuptools >= 70.1 can, an older one needs the wheel package.
+if ! "$python" -c "import setuptools.command.bdist_wheel" 2>/dev/null && ! "$python" -c "import wheel" 2>/dev/null; then
+  echo "flexmodel: installing wheel==0.45.1 (pip install . with this setuptools)" >&2
+  pip_install "wheel==0.45.1"
 fi
 
 # The Python package's tests (tests/python): pytest, and Transformers as the
 # reference they compare with. Pinned, with torch pinned in the same command so
 # nothing upgrades it.
-if [ "${1:-}" = "--tests" ]; then
+if ((tests)); then
   py_want="pytest==9.0.3 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3"
   if ! "$python" -c "import pytest, transformers, safetensors, tokenizers, sys; sys.exit((pytest.__version__, transformers.__version__, safetensors.__version__, tokenizers.__version__) != ('9.0.3', '5.23.0', '0.8.0', '0.23.3'))" 2>/dev/null; then
     echo "flexmodel: installing $py_want (Python tests)" >&2
-    extra=()
-    "$python" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && extra+=(--break-system-packages)
     # shellcheck disable=SC2086
-    "$python" -m pip install -q --root-user-action=ignore "${extra[@]}" $py_want "torch==$torch_version"
+    pip_install $py_want "torch==$torch_version"
+  fi
+fi
+
+# The Python bench's peers (bench/python): pinned, with Transformers and torch
+# pinned in the same command, so that none of them can move either (an
+# unpinned torch would be the newest CUDA build, several GB).
+if ((bench)); then
+  bench_want="nnsight==0.8.1 transformer-lens==4.3.0 accelerate==1.15.0 flex-model==0.1.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3"
+  if ! "$python" -c "
+import importlib.metadata as m, sys
+want = dict(p.split('==') for p in sys.argv[1].split())
+sys.exit(any(m.version(d) != v for d, v in want.items()))" "$bench_want" 2>/dev/null; then
+    echo "flexmodel: installing $bench_want (Python bench)" >&2
+    # shellcheck disable=SC2086
+    pip_install $bench_want "torch==$torch_version"
   fi
 fi
