@@ -55,16 +55,16 @@ struct FourBitView {
   bool aligned() const { return k % bs == 0; }  // blocks never straddle rows (bs >= 32 is even)
 };
 
-// x (in float, already rounded through the compute dtype) rearranged per 32-group.
-std::vector<float> deinterleave(const float* x, int64_t M, int64_t K) {
-  std::vector<float> d(M * K);
+// x rearranged per 32-group into `d` (float), read as it is stored (float32
+// or bfloat16: the caller has already rounded it through the compute dtype).
+template <typename T>
+void deinterleave(const T* x, int64_t M, int64_t K, float* d) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < K; g += 32)
       for (int i = 0; i < 16; ++i) {
-        d[m * K + g + i] = x[m * K + g + 2 * i];
-        d[m * K + g + 16 + i] = x[m * K + g + 2 * i + 1];
+        d[m * K + g + i] = static_cast<float>(x[m * K + g + 2 * i]);
+        d[m * K + g + 16 + i] = static_cast<float>(x[m * K + g + 2 * i + 1]);
       }
-  return d;
 }
 
 template <int G>
@@ -308,39 +308,73 @@ at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const a
 
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = N;
-  const at::Tensor a = x.reshape({-1, K}).to(compute);
-  const int64_t M = a.size(0);
-  const at::Tensor b = bias.defined() ? bias.to(compute) : at::Tensor();
   const Isa isa = cpu_isa();
+  const int64_t M = x.numel() / K;
 
   if (M <= kFourBitDecodeRows && w.aligned()) {
-    const at::Tensor xf = a.to(at::kFloat).contiguous();
-    const std::vector<float> xd = deinterleave(xf.data_ptr<float>(), M, K);
-    at::Tensor out = at::empty({M, N}, at::kFloat);
-    float* op = out.data_ptr<float>();
+    // The decode step calls this ~150 times per token on small inputs: the
+    // input and output are handled through their pointers (no conversion
+    // ops, no temporaries beyond the output) so a call costs its weight
+    // bytes, not the dispatcher's. The result is rounded once to the
+    // compute dtype, then to x's, as the tiled path's .to() calls round it.
+    at::Tensor a = x.reshape({M, K});
+    if (a.scalar_type() != compute || !a.is_contiguous()) a = a.to(compute).contiguous();
+    if (compute != at::kFloat && compute != at::kBFloat16) a = a.to(at::kFloat);
+    thread_local std::vector<float> xd;
+    xd.resize(static_cast<size_t>(M * K));
+    if (a.scalar_type() == at::kBFloat16) {
+      deinterleave(a.data_ptr<at::BFloat16>(), M, K, xd.data());
+    } else {
+      deinterleave(a.data_ptr<float>(), M, K, xd.data());
+    }
+    at::Tensor bias_f;
+    if (bias.defined()) bias_f = bias.to(compute).to(at::kFloat).contiguous();
+    const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+    const at::ScalarType out_dtype = x.scalar_type();
+    if (out_dtype != at::kFloat && out_dtype != at::kBFloat16 && out_dtype != at::kHalf && out_dtype != at::kDouble)
+      throw ShapeError("Linear4bit: input dtype " + std::string(c10::toString(out_dtype)) + " is not a floating type");
+    at::Tensor out = at::empty({M, N}, x.options());
+    void* optr = out.data_ptr();
+    // Rounded through the compute dtype, stored as x's dtype.
+    auto store = [=](int64_t m, int64_t j, float v) {
+      if (bp) v += bp[j];
+      if (compute == at::kBFloat16) v = static_cast<float>(c10::BFloat16(v));
+      else if (compute == at::kHalf) v = static_cast<float>(c10::Half(v));
+      const int64_t i = m * N + j;
+      switch (out_dtype) {
+        case at::kFloat: static_cast<float*>(optr)[i] = v; break;
+        case at::kBFloat16: static_cast<at::BFloat16*>(optr)[i] = c10::BFloat16(v); break;
+        case at::kHalf: static_cast<at::Half*>(optr)[i] = c10::Half(v); break;
+        default: static_cast<double*>(optr)[i] = v; break;
+      }
+    };
+    const float* xdp = xd.data();
     // Each output column is computed whole by one thread: the same bits for any thread count.
     at::parallel_for(0, N, 16, [&](int64_t j0, int64_t j1) {
       float res[kFourBitGroup];
       int64_t j = j0;
 #if FLEX_HAVE_X86_KERNELS
       if (M == 1 && isa >= Isa::Avx512) {
-        for (; j + 2 <= j1; j += 2) fb_one_row_avx512<2>(w, xd.data(), j, op + j);
-        if (j < j1) {
-          fb_one_row_avx512<1>(w, xd.data(), j, op + j);
-          ++j;
+        for (; j < j1; j += 2) {
+          const int pair = j + 2 <= j1 ? 2 : 1;
+          if (pair == 2) fb_one_row_avx512<2>(w, xdp, j, res);
+          else fb_one_row_avx512<1>(w, xdp, j, res);
+          for (int r = 0; r < pair; ++r) store(0, j + r, res[r]);
         }
       }
 #endif
       for (; j < j1; ++j)
         for (int64_t m0 = 0; m0 < M; m0 += kFourBitGroup) {
           const int g = static_cast<int>(std::min<int64_t>(kFourBitGroup, M - m0));
-          kernel::with_group(g, [&](auto G) { fb_rows<decltype(G)::value>(isa, w, xd.data(), m0, j, res); });
-          for (int t = 0; t < g; ++t) op[(m0 + t) * N + j] = res[t];
+          kernel::with_group(g, [&](auto G) { fb_rows<decltype(G)::value>(isa, w, xdp, m0, j, res); });
+          for (int t = 0; t < g; ++t) store(m0 + t, j, res[t]);
         }
     });
-    if (b.defined()) out.add_(b.to(at::kFloat));
-    return out.to(compute).to(x.scalar_type()).view(out_shape);
+    return out.view(out_shape);
   }
+
+  const at::Tensor a = x.reshape({-1, K}).to(compute);
+  const at::Tensor b = bias.defined() ? bias.to(compute) : at::Tensor();
 
   // Tiled: a tile of rows dequantized (in float32, then the compute dtype) and multiplied.
   // (kTileBytes: 4 MB tiles measured slower than 1 MB: the tile stays in L2.)
