@@ -3,13 +3,45 @@
 # scripts/golden/.venv that sees the pinned torch 2.13 installed by
 # scripts/install-deps.sh and adds the pinned reference implementations.
 # Prints the venv's python. A second run only checks the versions.
+#
+# `setup.sh --sae` instead makes (or checks) a second venv, scripts/golden/.venv-sae,
+# for the SAELens reference (scripts/golden/make_sae_fixtures.py) and prints its
+# python. sae-lens 6.54.12 needs transformer-lens < 4 while the main interpreter
+# keeps transformer-lens 4.x, so transformer-lens 3.9.0 lives in that venv's own
+# site-packages (searched before the system ones); .venv and the main
+# interpreter are not touched.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=$here/.venv
 torch_version=2.13.0
+case "${1:-}" in
+  "") mode=golden ;;
+  --sae) mode=sae ;;
+  *) echo "usage: $0 [--sae]" >&2; exit 2 ;;
+esac
 if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   # Pinned and first: an unpinned dependency would pull a CUDA build of several GB.
   python3 -m pip install --quiet "torch==$torch_version" >&2
+fi
+if [ "$mode" = sae ]; then
+  sae_venv=$here/.venv-sae
+  [ -x "$sae_venv/bin/python" ] || python3 -m venv --system-site-packages "$sae_venv"
+  # torch and transformers pinned in the same command so nothing moves them.
+  sae_want="sae-lens==6.54.12 transformer-lens==3.9.0 torch==$torch_version transformers==5.23.0 safetensors==0.8.0"
+  sae_check="import sae_lens, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((sae_lens.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('6.54.12', '3.9.0', '$torch_version', '5.23.0'))"
+  if ! "$sae_venv/bin/python" -c "$sae_check" 2>/dev/null; then
+    # Dry run first: refuse if the resolver would (re)install torch or transformers.
+    report=$(mktemp)
+    "$sae_venv/bin/python" -m pip install --quiet --dry-run --report "$report" $sae_want 2>/dev/null >&2
+    if ! python3 -c "import json, sys; bad=[i['metadata']['name'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'].lower() in ('torch', 'transformers')]; print('would install', bad, file=sys.stderr) if bad else None; sys.exit(bool(bad))" "$report"; then
+      rm -f "$report"; exit 1
+    fi
+    rm -f "$report"
+    "$sae_venv/bin/python" -m pip install --quiet $sae_want >&2
+    "$sae_venv/bin/python" -c "$sae_check"
+  fi
+  echo "$sae_venv/bin/python"
+  exit 0
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
 # bitsandbytes: the int8 / nf4 peers of bench/bench_decode (its CPU backend).
