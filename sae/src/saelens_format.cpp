@@ -1,0 +1,84 @@
+// SAELens's saved folders: cfg.json + sae_weights.safetensors (FORMAT.md).
+#include <flex/sae/sparse_dictionary.h>
+
+#include <flex/dispatch/safetensors.h>
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace flex {
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw IOError(path.string() + ": cannot open (a SAELens folder holds cfg.json and sae_weights.safetensors)");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw FileFormatError(path.string() + ": not JSON (" + e.what() + ")");
+  }
+}
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+}  // namespace
+
+std::shared_ptr<SparseDictionary> load_saelens_sae(const std::string& dir, std::optional<at::ScalarType> dtype) {
+  const fs::path cfg_path = fs::path(dir) / "cfg.json";
+  SaeConfig cfg = parse_sae_config(read_json(cfg_path), cfg_path.string());
+  if (dtype) cfg.dtype = *dtype;
+  const fs::path weights_path = fs::path(dir) / "sae_weights.safetensors";
+  if (!fs::exists(weights_path)) throw IOError(weights_path.string() + ": missing (the dictionary's weights)");
+  const auto file = SafetensorsFile::open(weights_path.string());
+  const std::string where = weights_path.string();
+
+  auto sae = std::make_shared<SparseDictionary>(cfg);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& name : file->names()) tensors[name] = file->get(name);
+  // Older files: an all-ones scaling_factor is a no-op; log_threshold is the
+  // training form of threshold (SAELens's inference loader refuses it).
+  if (auto it = tensors.find("scaling_factor"); it != tensors.end()) {
+    if (!it->second.to(at::kFloat).eq(1).all().item<bool>())
+      throw UnsupportedError(where + ": tensor 'scaling_factor' is not all ones (a finetuning scale no inference "
+                             "dictionary applies)");
+    tensors.erase(it);
+  }
+  if (auto it = tensors.find("log_threshold"); it != tensors.end() && !tensors.count("threshold")) {
+    tensors["threshold"] = it->second.to(at::kFloat).exp();
+    tensors.erase(it);
+  }
+  std::set<std::string> expected;
+  for (const auto& kv : sae->named_parameters(/*recurse=*/false)) expected.insert(kv.key());
+  for (const auto& [name, t] : tensors)
+    if (!expected.count(name))
+      throw FileFormatError(where + ": unexpected tensor '" + name + "' for a " + cfg.class_name());
+  for (const auto& name : expected) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw FileFormatError(where + ": tensor '" + name + "' is missing for a " + cfg.class_name());
+    const at::Tensor& t = it->second;
+    const at::Tensor& slot = sae->named_parameters(false)[name];
+    if (t.sizes() != slot.sizes())
+      throw ShapeError(where + ": tensor '" + name + "' has shape " + shape_text(t.sizes()) + ", cfg.json (d_in " +
+                       std::to_string(cfg.d_in) + ", d_sae " + std::to_string(cfg.d_sae) + ") needs " +
+                       shape_text(slot.sizes()));
+    if (!at::isfinite(t.to(at::kFloat)).all().item<bool>())
+      throw FileFormatError(where + ": tensor '" + name + "' holds NaN or infinite values");
+    at::NoGradGuard no_grad;
+    sae->set_tensor(name, t.to(cfg.dtype).clone().set_requires_grad(false));
+  }
+  sae->eval();
+  return sae;
+}
+
+}  // namespace flex

@@ -1,0 +1,156 @@
+#include <flex/sae/sparse_dictionary.h>
+
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace flex {
+
+namespace {
+
+at::Tensor zeros(std::initializer_list<int64_t> shape, at::ScalarType dtype) {
+  return at::zeros(shape, at::TensorOptions().dtype(dtype));
+}
+
+}  // namespace
+
+SparseDictionary::SparseDictionary(SaeConfig config) : Module(config.class_name()), cfg_(std::move(config)) {
+  const auto t = cfg_.dtype;
+  add_parameter("W_enc", W_enc, zeros({cfg_.d_in, cfg_.d_sae}, t));
+  add_parameter("W_dec", W_dec, zeros({cfg_.d_sae, cfg_.d_out}, t));
+  add_parameter("b_dec", b_dec, zeros({cfg_.d_out}, t));
+  if (cfg_.architecture == SaeArchitecture::Gated) {
+    add_parameter("b_gate", b_gate, zeros({cfg_.d_sae}, t));
+    add_parameter("b_mag", b_mag, zeros({cfg_.d_sae}, t));
+    add_parameter("r_mag", r_mag, zeros({cfg_.d_sae}, t));
+  } else {
+    add_parameter("b_enc", b_enc, zeros({cfg_.d_sae}, t));
+  }
+  if (cfg_.jump()) add_parameter("threshold", threshold, zeros({cfg_.d_sae}, t));
+  if (cfg_.has_skip()) add_parameter("W_skip", W_skip, zeros({cfg_.d_out, cfg_.d_in}, t));
+  hook_sae_input_ = add("hook_sae_input", std::make_shared<Identity>("HookPoint"));
+  hook_sae_acts_pre_ = add("hook_sae_acts_pre", std::make_shared<Identity>("HookPoint"));
+  hook_sae_acts_post_ = add("hook_sae_acts_post", std::make_shared<Identity>("HookPoint"));
+  hook_sae_recons_ = add("hook_sae_recons", std::make_shared<Identity>("HookPoint"));
+  hook_sae_error_ = add("hook_sae_error", std::make_shared<Identity>("HookPoint"));
+  hook_sae_output_ = add("hook_sae_output", std::make_shared<Identity>("HookPoint"));
+}
+
+at::Tensor SparseDictionary::hook(const std::shared_ptr<Identity>& point, const at::Tensor& t) {
+  return hooks_on_ ? (*point)(t) : t;
+}
+
+at::Tensor SparseDictionary::normalize(const at::Tensor& x) {
+  switch (cfg_.normalization) {
+    case SaeNormalization::None:
+      return x;
+    case SaeNormalization::ConstantNormRescale:
+      norm_scale_ = std::sqrt(static_cast<double>(cfg_.d_in)) / x.norm(2, {-1}, /*keepdim=*/true);
+      return x * norm_scale_;
+    case SaeNormalization::LayerNorm: {
+      norm_mean_ = x.mean({-1}, /*keepdim=*/true);
+      const at::Tensor centred = x - norm_mean_;
+      norm_std_ = centred.std({-1}, /*unbiased=*/true, /*keepdim=*/true);
+      return centred / (norm_std_ + 1e-5);
+    }
+  }
+  return x;
+}
+
+at::Tensor SparseDictionary::denormalize(const at::Tensor& y) const {
+  if (cfg_.transcoder()) return y;  // SAELens never de-normalises a transcoder's output
+  switch (cfg_.normalization) {
+    case SaeNormalization::None:
+      return y;
+    case SaeNormalization::ConstantNormRescale:
+      if (!norm_scale_.defined()) throw ConfigError(class_name() + ": decode before any encode (constant_norm_rescale)");
+      return y / norm_scale_;
+    case SaeNormalization::LayerNorm:
+      if (!norm_std_.defined()) throw ConfigError(class_name() + ": decode before any encode (layer_norm)");
+      return y * norm_std_ + norm_mean_;
+  }
+  return y;
+}
+
+at::Tensor SparseDictionary::activate(const at::Tensor& s) {
+  switch (cfg_.architecture) {
+    case SaeArchitecture::Gated: {
+      const at::Tensor gate = (at::matmul(s, W_enc) + b_gate).gt(0).to(s.scalar_type());
+      const at::Tensor magnitude = hook(hook_sae_acts_pre_, at::matmul(s, W_enc * r_mag.exp()) + b_mag);
+      return gate * at::relu(magnitude);
+    }
+    case SaeArchitecture::TopK:
+    case SaeArchitecture::AbsTopK: {
+      at::Tensor h = hook(hook_sae_acts_pre_, at::matmul(s, W_enc) + b_enc);
+      if (cfg_.rescale_acts_by_decoder_norm) h = h * W_dec.norm(2, {-1});
+      const bool by_magnitude = cfg_.architecture == SaeArchitecture::AbsTopK;
+      auto [values, indices] = (by_magnitude ? h.abs() : h).topk(cfg_.k, -1, /*largest=*/true, /*sorted=*/false);
+      const at::Tensor kept = by_magnitude ? h.gather(-1, indices) : at::relu(values);
+      return at::zeros_like(h).scatter_(-1, indices, kept);
+    }
+    default: {
+      const at::Tensor h = hook(hook_sae_acts_pre_, at::matmul(s, W_enc) + b_enc);
+      if (cfg_.jump()) return at::relu(h) * h.gt(threshold);
+      return at::relu(h);
+    }
+  }
+}
+
+at::Tensor SparseDictionary::encode(const at::Tensor& x) {
+  if (cfg_.hook_z && x.dim() < 2)
+    throw ShapeError(class_name() + ": a hook_z dictionary takes [..., heads, d_head], got " + std::to_string(x.dim()) +
+                     " dims");
+  at::Tensor s = x.to(cfg_.dtype);
+  if (cfg_.hook_z) {
+    d_head_ = s.size(-1);
+    s = s.flatten(-2);
+  }
+  if (s.size(-1) != cfg_.d_in)
+    throw ShapeError(class_name() + ": input has " + std::to_string(s.size(-1)) + " features, the dictionary d_in " +
+                     std::to_string(cfg_.d_in));
+  s = normalize(hook(hook_sae_input_, s));
+  if (cfg_.apply_b_dec_to_input) s = s - b_dec;
+  return hook(hook_sae_acts_post_, activate(s));
+}
+
+at::Tensor SparseDictionary::decode(const at::Tensor& acts) {
+  if (acts.size(-1) != cfg_.d_sae)
+    throw ShapeError(class_name() + ": feature activations have " + std::to_string(acts.size(-1)) +
+                     " features, the dictionary d_sae " + std::to_string(cfg_.d_sae));
+  at::Tensor f = acts.to(cfg_.dtype);
+  // SAELens multiplies by the reciprocal of the norms (not a division: the bits differ).
+  if (cfg_.rescale_acts_by_decoder_norm) f = f * W_dec.norm(2, {-1}).reciprocal();
+  at::Tensor y = denormalize(hook(hook_sae_recons_, at::matmul(f, W_dec) + b_dec));
+  if (cfg_.hook_z && d_head_) y = y.unflatten(-1, {y.size(-1) / *d_head_, *d_head_});
+  return y;
+}
+
+Value SparseDictionary::forward(Inputs inputs) {
+  const at::Tensor x = inputs.tensor(0);
+  at::Tensor y = decode(encode(x));
+  if (cfg_.transcoder()) {
+    if (cfg_.has_skip()) y = y + at::matmul(x, W_skip.t());
+    return y;
+  }
+  if (use_error_term) {
+    at::Tensor clean;
+    {
+      // The reconstruction error of the unedited dictionary: no hooks, no graph.
+      at::NoGradGuard no_grad;
+      hooks_on_ = false;
+      try {
+        clean = decode(encode(x));
+      } catch (...) {
+        hooks_on_ = true;
+        throw;
+      }
+      hooks_on_ = true;
+    }
+    y = y + hook(hook_sae_error_, x - clean);
+  }
+  return hook(hook_sae_output_, y);
+}
+
+}  // namespace flex
