@@ -28,7 +28,7 @@ done
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libopenmpi-dev openmpi-bin
-      nlohmann-json3-dev libpcre2-dev
+      nlohmann-json3-dev libpcre2-dev libzip-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
       python3-pip)
 if ((tests)); then pkgs+=(chromium clang lld libclang-rt-14-dev valgrind); fi

@@ -1,8 +1,9 @@
 // SAELens's saved folders: cfg.json + sae_weights.safetensors (FORMAT.md).
-#include <flex/sae/sparse_dictionary.h>
+#include <flex/sae/load_sae.h>
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -24,12 +25,6 @@ nlohmann::json read_json(const fs::path& path) {
   } catch (const nlohmann::json::exception& e) {
     throw FileFormatError(path.string() + ": not JSON (" + e.what() + ")");
   }
-}
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
-// SAELens dictionaries read from their saved folders compute what sae-lens
-// 6.54.12 computes: encode, decode, forward, the inner hook points and the
+// Dictionaries read from SAELens folders and Gemma Scope's params.npz compute
+// what sae-lens 6.54.12 computes: encode, decode, forward, the inner hook points and the
 // error-term output, for every architecture (tests/data/sae, made by
 // scripts/golden/make_sae_fixtures.py with sae-lens itself); bad files give
 // typed errors naming the file and tensor.
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
-#include <flex/sae/sparse_dictionary.h>
+#include <flex/sae/load_sae.h>
+#include <flex/sae/npz.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -41,7 +42,7 @@ class SaeLensFixture : public ::testing::TestWithParam<std::string> {};
 TEST_P(SaeLensFixture, EncodeDecodeForwardAndHooksEqualSaeLens) {
   const std::string name = GetParam();
   auto g = golden(name);
-  auto sae = flex::load_saelens_sae(sae_dir(name));
+  auto sae = flex::load_sae(sae_dir(name));  // gemmascope_like holds a params.npz, the others a SAELens folder
   const at::Tensor x = g.at("x");
   at::NoGradGuard no_grad;
 
@@ -79,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, SaeLensFixture,
                          ::testing::Values("standard", "standard_no_bdec", "standard_layer_norm",
                                            "standard_constant_norm_rescale", "standard_bf16", "gated", "jumprelu",
                                            "topk", "topk_rescale", "batchtopk", "transcoder", "skip_transcoder",
-                                           "jumprelu_transcoder", "jumprelu_skip_transcoder", "legacy_pre6"),
+                                           "jumprelu_transcoder", "jumprelu_skip_transcoder", "legacy_pre6",
+                                           "gemmascope_like"),
                          [](const auto& info) { return info.param; });
 
 TEST(SaeLens, ConfigReadsArchitecturesAndHookNames) {
@@ -156,6 +158,39 @@ TEST_F(BrokenSae, TypedErrorsNameTheFileAndTensor) {
   EXPECT_THROW(flex::load_saelens_sae(tmp_.str("nowhere")), flex::IOError);
   at::NoGradGuard no_grad;
   EXPECT_THROW(good->encode(at::zeros({2, 63})), flex::ShapeError);
+}
+
+TEST_F(BrokenSae, GemmaScopeNpzErrorsAreTyped) {
+  const std::string dir = copy("gemmascope_like");
+  const std::string npz = dir + "/params.npz";
+  auto sae = flex::load_sae(dir);
+  EXPECT_EQ(sae->config().architecture, flex::SaeArchitecture::JumpReLU);
+  EXPECT_FALSE(sae->config().apply_b_dec_to_input);
+  EXPECT_EQ(sae->config().d_sae, 256);
+  const auto size = fs::file_size(npz);
+  fs::resize_file(npz, size / 2);
+  EXPECT_THROW(flex::load_gemma_scope_sae(npz), flex::FileFormatError);
+  std::ofstream(npz, std::ios::trunc) << "not a zip";
+  EXPECT_THROW(flex::load_gemma_scope_sae(npz), flex::FileFormatError);
+  EXPECT_THROW(flex::load_gemma_scope_sae(dir + "/absent.npz"), flex::IOError);
+  EXPECT_THROW(flex::load_sae(tmp_.str("absent")), flex::IOError);
+}
+
+TEST(Npz, ReadsDtypesShapesAndFortranOrder) {
+  // scripts/golden/make_npz_fixture.py: arange(6).reshape(2, 3) in each dtype, deflated members.
+  auto a = flex::read_npz(sae_dir("npz/arrays.npz"));
+  const at::Tensor want = at::arange(6, at::kLong).reshape({2, 3});
+  const std::map<std::string, at::ScalarType> dtypes{{"f32", at::kFloat}, {"f64_fortran", at::kDouble},
+                                                     {"f16", at::kHalf}, {"i64", at::kLong}, {"u8", at::kByte}};
+  for (const auto& [name, dtype] : dtypes) {
+    ASSERT_TRUE(a.count(name)) << name;
+    EXPECT_TRUE(flex_test::equal(a.at(name), want.to(dtype))) << name;
+  }
+  EXPECT_TRUE(flex_test::equal(a.at("b1"), want.remainder(2).to(at::kBool)));
+  EXPECT_EQ(a.at("scalar").dim(), 0);
+  EXPECT_EQ(a.at("scalar").item<float>(), 7.0f);
+  auto g = flex::read_npz(sae_dir("gemmascope_like/params.npz"));
+  EXPECT_EQ(g.at("W_enc").sizes(), (std::vector<int64_t>{64, 256}));
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // on the dictionary, or on a model the dictionary is attached to) reads or
 // edits the features.
 //
-//   auto sae = flex::load_saelens_sae("gpt2-small-res-jb/blocks.8.hook_resid_pre");
+//   auto sae = flex::load_sae("gpt2-small-res-jb/blocks.8.hook_resid_pre");   // flex/sae/load_sae.h
 //   at::Tensor acts = sae->encode(x);          // [..., d_sae]
 //   at::Tensor y = (*sae)(x);                  // decode(encode(x)) (+ error term)
 #include <flex/hooks/module.h>
@@ -56,12 +56,5 @@ class SparseDictionary : public Module {
   at::Tensor norm_scale_, norm_mean_, norm_std_;
   std::optional<int64_t> d_head_;
 };
-
-/// A SAELens folder (cfg.json + sae_weights.safetensors, the 6.x layout or
-/// an older one): every tensor checked against the config (FileFormatError
-/// naming the file and tensor for a missing, unexpected or non-finite one,
-/// ShapeError with both shapes) and cast to the config's dtype, or `dtype`.
-std::shared_ptr<SparseDictionary> load_saelens_sae(const std::string& dir,
-                                                   std::optional<at::ScalarType> dtype = std::nullopt);
 
 }  // namespace flex
