@@ -146,6 +146,9 @@ std::shared_ptr<Module> FlexModel::restore() {
   for (auto& e : entries_)
     for (auto& remove : e->removers) remove();
   entries_.clear();
+  std::vector<std::function<void()>> undos = std::move(undos_);
+  undos_.clear();
+  for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
   return module_;
 }
 

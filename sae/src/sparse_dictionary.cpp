@@ -127,6 +127,21 @@ at::Tensor SparseDictionary::decode(const at::Tensor& acts) {
   return y;
 }
 
+at::Tensor SparseDictionary::clean_output(const at::Tensor& x) {
+  at::NoGradGuard no_grad;
+  hooks_on_ = false;
+  at::Tensor y;
+  try {
+    y = decode(encode(x));
+  } catch (...) {
+    hooks_on_ = true;
+    throw;
+  }
+  hooks_on_ = true;
+  if (cfg_.has_skip()) y = y + at::matmul(x, W_skip.t());
+  return y;
+}
+
 Value SparseDictionary::forward(Inputs inputs) {
   const at::Tensor x = inputs.tensor(0);
   at::Tensor y = decode(encode(x));
@@ -134,22 +149,9 @@ Value SparseDictionary::forward(Inputs inputs) {
     if (cfg_.has_skip()) y = y + at::matmul(x, W_skip.t());
     return y;
   }
-  if (use_error_term) {
-    at::Tensor clean;
-    {
-      // The reconstruction error of the unedited dictionary: no hooks, no graph.
-      at::NoGradGuard no_grad;
-      hooks_on_ = false;
-      try {
-        clean = decode(encode(x));
-      } catch (...) {
-        hooks_on_ = true;
-        throw;
-      }
-      hooks_on_ = true;
-    }
-    y = y + hook(hook_sae_error_, x - clean);
-  }
+  // The reconstruction error of the unedited dictionary, so that only edits
+  // made at the inner hooks change the output.
+  if (use_error_term) y = y + hook(hook_sae_error_, x - clean_output(x));
   return hook(hook_sae_output_, y);
 }
 

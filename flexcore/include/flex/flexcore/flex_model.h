@@ -47,6 +47,7 @@
 #include <flex/flexcore/parallel_router.h>
 
 #include <map>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <set>
@@ -171,6 +172,10 @@ class FlexModel {
   /// Removes every hook this FlexModel added and returns the module, whose
   /// outputs are then bitwise those before wrapping.
   std::shared_ptr<Module> restore();
+  /// Runs `undo` when restore() runs (or this FlexModel is destroyed), after
+  /// the hooks are removed, latest first: for additions to the model that
+  /// are not hooks (a dictionary registered as a child, flex/sae/splice.h).
+  void on_restore(std::function<void()> undo) { undos_.push_back(std::move(undo)); }
   const std::shared_ptr<Module>& module() const { return module_; }
 
   /// Runs one hook's capture/edit logic on `local` (used by the registered
@@ -210,6 +215,7 @@ class FlexModel {
   SaveContext save_ctx_;
   TrainableModules trainable_;
   std::vector<std::shared_ptr<Entry>> entries_;
+  std::vector<std::function<void()>> undos_;  // on_restore
   std::set<std::string> known_groups_{"all"};  // every group ever named; others are typos
   int64_t forward_count_ = 0;
   // Captures by reference (set_capture_by_reference).

@@ -39,6 +39,9 @@ class SparseDictionary : public Module {
   /// edited the features. hook_sae_output fires on the result (SAEs).
   Value forward(Inputs inputs) override;
   bool use_error_term = false;
+  /// forward(x) of the unedited dictionary: no hooks, no error term, no graph
+  /// (the reconstruction an error term is measured against).
+  at::Tensor clean_output(const at::Tensor& x);
 
   at::Tensor W_enc, W_dec, b_enc, b_dec, threshold, b_gate, b_mag, r_mag, W_skip;
 

@@ -1,0 +1,172 @@
+#include <flex/sae/splice.h>
+
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+
+#include <regex>
+
+namespace flex {
+
+namespace {
+
+bool has_module(Module& model, const std::string& name) {
+  try {
+    model.get_submodule(name);
+    return true;
+  } catch (const NotFoundError&) {
+    return false;
+  }
+}
+
+std::string first_existing(Module& model, const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (has_module(model, n)) return n;
+  return "";
+}
+
+const char* kUnderstood =
+    "hook_embed, blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hook_mlp_out / "
+    "hook_mlp_in / ln2.hook_normalized / attn.hook_z / attn.hook_pattern, or a module name of the model";
+
+}  // namespace
+
+HookPointRef resolve_hook_name(Module& model, const std::string& hook_name) {
+  if (hook_name.empty()) throw ConfigError("the dictionary names no hook point (cfg.json metadata.hook_name); pass one");
+  if (has_module(model, hook_name)) return {hook_name, false};
+  const std::string base = first_existing(model, {"transformer", "model", "gpt_neox"});
+  auto unmapped = [&] {
+    return NotFoundError("hook '" + hook_name + "' is neither a module of this model nor a TransformerLens hook it maps (" +
+                         kUnderstood + ")");
+  };
+  if (base.empty()) throw unmapped();
+  if (hook_name == "hook_embed") {
+    const std::string e = first_existing(model, {base + ".wte", base + ".embed_tokens", base + ".embed_in"});
+    if (e.empty()) throw unmapped();
+    return {e, false};
+  }
+  std::smatch m;
+  if (!std::regex_match(hook_name, m, std::regex("blocks\\.(\\d+)\\.(.+)"))) throw unmapped();
+  const std::string blocks = first_existing(model, {base + ".h", base + ".layers"});
+  const std::string block = blocks + "." + m[1].str();
+  if (blocks.empty() || !has_module(model, block))
+    throw NotFoundError("hook '" + hook_name + "': the model has no block " + m[1].str());
+  const std::string rest = m[2].str();
+  const std::string attn = first_existing(model, {block + ".attn", block + ".self_attn", block + ".attention"});
+  if (rest == "hook_resid_pre" || rest == "hook_resid_mid" || rest == "hook_resid_post") {
+    if (has_module(model, block + "." + rest)) return {block + "." + rest, false};
+  } else if (rest == "hook_mlp_out") {
+    return {block + ".mlp", false};
+  } else if (rest == "hook_mlp_in" || rest == "ln2.hook_normalized") {
+    return {block + ".mlp", true};
+  } else if (rest == "hook_attn_out" && !attn.empty()) {
+    return {attn, false};
+  } else if (rest == "attn.hook_z" && has_module(model, attn + ".hook_head_out")) {
+    return {attn + ".hook_head_out", false};
+  } else if (rest == "attn.hook_pattern" && has_module(model, attn + ".hook_attn_probs")) {
+    return {attn + ".hook_attn_probs", false};
+  }
+  throw unmapped();
+}
+
+namespace {
+
+// Unregisters `sae` from `parent` if it is still its child "sae" (idempotent:
+// Splice::remove and the FlexModel's restore both call it).
+void detach(const std::shared_ptr<Module>& parent, const std::shared_ptr<SparseDictionary>& sae) {
+  if (!parent) return;
+  for (const auto& [name, child] : parent->named_flex_children())
+    if (name == "sae" && child == sae) {
+      parent->unregister_module("sae");
+      return;
+    }
+}
+
+}  // namespace
+
+void Splice::remove() {
+  for (auto& h : handles) h.remove();
+  handles.clear();
+  detach(parent, sae);
+  parent.reset();
+}
+
+namespace {
+
+// Registers `sae` as the child "sae" of `module` (where its hook points are found by name).
+std::shared_ptr<Module> adopt(Module& model, const std::string& module, const std::shared_ptr<SparseDictionary>& sae) {
+  auto parent = model.get_submodule(module);
+  for (const auto& [name, _] : parent->named_flex_children())
+    if (name == "sae") throw ConfigError("a dictionary is already spliced at '" + module + "'");
+  parent->register_module("sae", sae);
+  return parent;
+}
+
+// The child goes when the FlexModel restores the model, with the hooks.
+void undo_on_restore(FlexModel& fm, const Splice& s) {
+  std::weak_ptr<Module> parent = s.parent;
+  std::weak_ptr<SparseDictionary> sae = s.sae;
+  fm.on_restore([parent, sae] { detach(parent.lock(), sae.lock()); });
+}
+
+HookHandle add_hook(FlexModel& fm, const HookPointRef& at, EditFn edit) {
+  HookFunctionOptions o;
+  o.editing_function = std::move(edit);
+  o.save = false;
+  return fm.register_hook_function(std::make_shared<HookFunction>(at.module, o),
+                                   at.input ? HookType::ForwardPre : HookType::Forward);
+}
+
+}  // namespace
+
+Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const SpliceOptions& o) {
+  Module& model = *fm.module();
+  const SaeConfig& cfg = sae->config();
+  const HookPointRef in = resolve_hook_name(model, o.hook_name.empty() ? cfg.hook_name : o.hook_name);
+  const SpliceMode mode = o.mode;
+  Splice s;
+  s.sae = sae;
+  if (!cfg.transcoder()) {
+    s.module = in.module;
+    s.parent = adopt(model, in.module, sae);
+    undo_on_restore(fm, s);
+    s.handles.push_back(add_hook(fm, in, [sae, mode](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+      sae->use_error_term = mode == SpliceMode::ReplaceWithError;
+      const at::Tensor y = (*sae)(x);
+      return mode == SpliceMode::Observe ? x : y.to(x.scalar_type());
+    }));
+    return s;
+  }
+  const std::string out_name = o.hook_name_out.empty() ? cfg.hook_name_out : o.hook_name_out;
+  if (out_name.empty()) throw ConfigError("a transcoder needs the place it writes (cfg.json metadata.hook_name_out)");
+  const HookPointRef out = resolve_hook_name(model, out_name);
+  if (out.input) throw ConfigError("a transcoder writes a module's output; '" + out_name + "' is an input");
+  s.module = out.module;
+  s.parent = adopt(model, out.module, sae);
+  undo_on_restore(fm, s);
+  // The input place runs first (the MLP's input, then its output): keep its activation for the output hook.
+  auto input = std::make_shared<at::Tensor>();
+  try {
+    s.handles.push_back(add_hook(fm, in, [input](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+      *input = x;
+      return x;
+    }));
+    s.handles.push_back(add_hook(fm, out, [sae, mode, input, out_name](Module&, const at::Tensor& y, SaveContext&,
+                                                                       TrainableModules&) {
+      if (!input->defined())
+        throw ConfigError("transcoder output place '" + out_name + "' ran before its input place");
+      const at::Tensor x = *input;
+      *input = at::Tensor();
+      const at::Tensor t = (*sae)(x).to(y.scalar_type());
+      if (mode == SpliceMode::Observe) return y;
+      if (mode == SpliceMode::Replace) return t;
+      return t + (y - sae->clean_output(x).to(y.scalar_type()));  // the error of the unedited transcoder
+    }));
+  } catch (...) {
+    s.remove();
+    throw;
+  }
+  return s;
+}
+
+}  // namespace flex
