@@ -405,7 +405,11 @@ class Flexmodel(Tool):
         return [self.hooked("FlexModel", self.blocks, self.captures)]
 
     def case_capture_all(self):
-        return [self.hooked("FlexModel", self.all_names(), self.captures)]
+        # Every name it lists, and the modules alone (the set Transformers' hooks see): hooking
+        # ...hook_attn_probs makes attention materialize its probabilities instead of running fused.
+        modules = [n for n in self.all_names() if ".hook_" not in n]
+        return [self.hooked("FlexModel", self.all_names(), self.captures),
+                self.hooked("FlexModel, modules only", modules, self.captures)]
 
     def case_edit12(self):
         steer = self.fx.edits.steer(self.vec, 1.0)
