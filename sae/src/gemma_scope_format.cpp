@@ -36,9 +36,9 @@ std::shared_ptr<SparseDictionary> load_gemma_scope_sae(const std::string& params
   auto arrays = read_npz(params_npz);
   std::map<std::string, at::Tensor> t;
   for (auto& [name, v] : arrays) t[name.rfind("w_", 0) == 0 ? "W_" + name.substr(2) : name] = v;
-  t.erase("scaling_factor");  // SAELens drops an all-ones one; others are refused below as unexpected
-  for (const char* need : {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"})
-    if (!t.count(need)) throw FileFormatError(params_npz + ": array '" + std::string(need) + "' is missing");
+  t.erase("scaling_factor");  // SAELens drops an all-ones one
+  // The sizes come from W_enc; the other arrays are checked against them by load_parameters.
+  if (!t.count("W_enc")) throw FileFormatError(params_npz + ": array 'W_enc' is missing");
   if (t["W_enc"].dim() != 2) throw ShapeError(params_npz + ": W_enc must be 2-D, got " + shape_text(t["W_enc"].sizes()));
   SaeConfig cfg;
   cfg.architecture = SaeArchitecture::JumpReLU;
@@ -50,24 +50,13 @@ std::shared_ptr<SparseDictionary> load_gemma_scope_sae(const std::string& params
   cfg.hook_z = cfg.hook_name.size() >= 7 && cfg.hook_name.compare(cfg.hook_name.size() - 7, 7, ".hook_z") == 0;
   cfg.model_name = "gemma-2";
   auto sae = std::make_shared<SparseDictionary>(cfg);
-  at::NoGradGuard no_grad;
-  for (const auto& kv : sae->named_parameters(/*recurse=*/false)) {
-    auto it = t.find(kv.key());
-    if (it->second.sizes() != kv.value().sizes())
-      throw ShapeError(params_npz + ": array '" + kv.key() + "' has shape " + shape_text(it->second.sizes()) +
-                       ", W_enc " + shape_text(t["W_enc"].sizes()) + " needs " + shape_text(kv.value().sizes()));
-    if (!at::isfinite(it->second.to(at::kFloat)).all().item<bool>())
-      throw FileFormatError(params_npz + ": array '" + kv.key() + "' holds NaN or infinite values");
-    sae->set_tensor(kv.key(), it->second.to(at::kFloat).to(cfg.dtype).set_requires_grad(false));
-    t.erase(it);
-  }
-  if (!t.empty()) throw FileFormatError(params_npz + ": unexpected array '" + t.begin()->first + "'");
+  sae->load_parameters(t, params_npz);
   if (cfg.hook_name == "hook_embed") {
     const double root = std::sqrt(static_cast<double>(cfg.d_in));
+    at::NoGradGuard no_grad;
     sae->W_enc.div_(root);
     sae->W_dec.mul_(root);
   }
-  sae->eval();
   return sae;
 }
 

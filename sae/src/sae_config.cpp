@@ -1,6 +1,7 @@
 #include <flex/sae/sae_config.h>
 
 #include <flex/hooks/errors.h>
+#include <flex/models/auto_model.h>
 
 #include <map>
 
@@ -80,12 +81,11 @@ int64_t positive(const nlohmann::json& j, const char* key, const std::string& so
 }
 
 at::ScalarType sae_dtype(const std::string& name, const std::string& source) {
-  std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
-  if (n == "float32" || n == "float") return at::kFloat;
-  if (n == "bfloat16") return at::kBFloat16;
-  if (n == "float16" || n == "half") return at::kHalf;
-  if (n == "float64" || n == "double") return at::kDouble;
-  throw ConfigError(source + ": field 'dtype' is '" + name + "', not float32, bfloat16, float16 or float64");
+  try {
+    return parse_torch_dtype(name);
+  } catch (const ConfigError&) {
+    throw ConfigError(source + ": field 'dtype' is '" + name + "', not float32, bfloat16, float16 or float64");
+  }
 }
 
 }  // namespace

@@ -3,13 +3,11 @@
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
-#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 namespace fs = std::filesystem;
 
@@ -53,26 +51,7 @@ std::shared_ptr<SparseDictionary> load_saelens_sae(const std::string& dir, std::
     tensors["threshold"] = it->second.to(at::kFloat).exp();
     tensors.erase(it);
   }
-  std::set<std::string> expected;
-  for (const auto& kv : sae->named_parameters(/*recurse=*/false)) expected.insert(kv.key());
-  for (const auto& [name, t] : tensors)
-    if (!expected.count(name))
-      throw FileFormatError(where + ": unexpected tensor '" + name + "' for a " + cfg.class_name());
-  for (const auto& name : expected) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) throw FileFormatError(where + ": tensor '" + name + "' is missing for a " + cfg.class_name());
-    const at::Tensor& t = it->second;
-    const at::Tensor& slot = sae->named_parameters(false)[name];
-    if (t.sizes() != slot.sizes())
-      throw ShapeError(where + ": tensor '" + name + "' has shape " + shape_text(t.sizes()) + ", cfg.json (d_in " +
-                       std::to_string(cfg.d_in) + ", d_sae " + std::to_string(cfg.d_sae) + ") needs " +
-                       shape_text(slot.sizes()));
-    if (!at::isfinite(t.to(at::kFloat)).all().item<bool>())
-      throw FileFormatError(where + ": tensor '" + name + "' holds NaN or infinite values");
-    at::NoGradGuard no_grad;
-    sae->set_tensor(name, t.to(cfg.dtype).clone().set_requires_grad(false));
-  }
-  sae->eval();
+  sae->load_parameters(tensors, where);
   return sae;
 }
 

@@ -1,6 +1,7 @@
 #include <flex/sae/sparse_dictionary.h>
 
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -36,6 +37,27 @@ SparseDictionary::SparseDictionary(SaeConfig config) : Module(config.class_name(
   hook_sae_recons_ = add("hook_sae_recons", std::make_shared<Identity>("HookPoint"));
   hook_sae_error_ = add("hook_sae_error", std::make_shared<Identity>("HookPoint"));
   hook_sae_output_ = add("hook_sae_output", std::make_shared<Identity>("HookPoint"));
+}
+
+void SparseDictionary::load_parameters(const std::map<std::string, at::Tensor>& tensors, const std::string& where) {
+  auto own = named_parameters(/*recurse=*/false);
+  for (const auto& [name, t] : tensors)
+    if (!own.contains(name)) throw FileFormatError(where + ": unexpected tensor '" + name + "' for a " + class_name());
+  at::NoGradGuard no_grad;
+  for (const auto& kv : own) {
+    const std::string& name = kv.key();
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw FileFormatError(where + ": tensor '" + name + "' is missing for a " + class_name());
+    const at::Tensor& t = it->second;
+    if (t.sizes() != kv.value().sizes())
+      throw ShapeError(where + ": tensor '" + name + "' has shape " + shape_text(t.sizes()) + ", d_in " +
+                       std::to_string(cfg_.d_in) + " / d_sae " + std::to_string(cfg_.d_sae) + " need " +
+                       shape_text(kv.value().sizes()));
+    if (!at::isfinite(t.to(at::kFloat)).all().item<bool>())
+      throw FileFormatError(where + ": tensor '" + name + "' holds NaN or infinite values");
+    set_tensor(name, t.to(cfg_.dtype).clone().set_requires_grad(false));
+  }
+  eval();
 }
 
 at::Tensor SparseDictionary::hook(const std::shared_ptr<Identity>& point, const at::Tensor& t) {

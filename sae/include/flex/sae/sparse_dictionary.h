@@ -13,6 +13,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/sae/sae_config.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,13 @@ class SparseDictionary : public Module {
   at::Tensor clean_output(const at::Tensor& x);
 
   at::Tensor W_enc, W_dec, b_enc, b_dec, threshold, b_gate, b_mag, r_mag, W_skip;
+
+  /// Fills every parameter from `tensors` (by name), cast to the config's
+  /// dtype, and puts the dictionary in eval mode: the one check of a
+  /// published file's weights (each format's reader calls it). `where` (the
+  /// file) prefixes the errors: FileFormatError for a missing, unexpected or
+  /// non-finite tensor, ShapeError with both shapes.
+  void load_parameters(const std::map<std::string, at::Tensor>& tensors, const std::string& where);
 
  private:
   at::Tensor hook(const std::shared_ptr<Identity>& point, const at::Tensor& t);
