@@ -49,6 +49,7 @@ std::shared_ptr<SparseDictionary> load_gemma_scope_sae(const std::string& params
   cfg.hook_name = o.hook_name.empty() ? hook_from_path(fs::absolute(params_npz).string()) : o.hook_name;
   cfg.hook_z = cfg.hook_name.size() >= 7 && cfg.hook_name.compare(cfg.hook_name.size() - 7, 7, ".hook_z") == 0;
   cfg.model_name = "gemma-2";
+  cfg.source = params_npz;
   auto sae = std::make_shared<SparseDictionary>(cfg);
   sae->load_parameters(t, params_npz);
   if (cfg.hook_name == "hook_embed") {

@@ -31,6 +31,7 @@ std::shared_ptr<SparseDictionary> load_saelens_sae(const std::string& dir, std::
   const fs::path cfg_path = fs::path(dir) / "cfg.json";
   SaeConfig cfg = parse_sae_config(read_json(cfg_path), cfg_path.string());
   if (dtype) cfg.dtype = *dtype;
+  cfg.source = dir;
   const fs::path weights_path = fs::path(dir) / "sae_weights.safetensors";
   if (!fs::exists(weights_path)) throw IOError(weights_path.string() + ": missing (the dictionary's weights)");
   const auto file = SafetensorsFile::open(weights_path.string());

@@ -2,6 +2,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/sae/sparse_code.h>
 
 #include <ATen/ATen.h>
 
@@ -10,6 +11,9 @@
 namespace flex {
 
 namespace {
+
+// Above one active feature in this many, the dense product is faster.
+constexpr int64_t kDenseFraction = 8;
 
 at::Tensor zeros(std::initializer_list<int64_t> shape, at::ScalarType dtype) {
   return at::zeros(shape, at::TensorOptions().dtype(dtype));
@@ -144,9 +148,25 @@ at::Tensor SparseDictionary::decode(const at::Tensor& acts) {
   at::Tensor f = acts.to(cfg_.dtype);
   // SAELens multiplies by the reciprocal of the norms (not a division: the bits differ).
   if (cfg_.rescale_acts_by_decoder_norm) f = f * W_dec.norm(2, {-1}).reciprocal();
-  at::Tensor y = denormalize(hook(hook_sae_recons_, at::matmul(f, W_dec) + b_dec));
+  at::Tensor y = denormalize(hook(hook_sae_recons_, decode_product(f) + b_dec));
   if (cfg_.hook_z && d_head_) y = y.unflatten(-1, {y.size(-1) / *d_head_, *d_head_});
   return y;
+}
+
+at::Tensor SparseDictionary::decode_product(const at::Tensor& f) {
+  // Codes are mostly zeros: gather the active decoder rows instead of the
+  // dense product, unless autograd needs the graph or too many are active
+  // for the gather to win (measured in bench/bench_sae).
+  const bool graph = at::GradMode::is_enabled() && (W_dec.requires_grad() || f.requires_grad());
+  if (!graph && f.device().is_cpu() && f.dim() >= 1 && f.numel() > 0) {
+    const SparseCode code = sparse_code(f);
+    if (code.nnz() * kDenseFraction <= f.numel()) {
+      std::vector<int64_t> shape(f.sizes().begin(), f.sizes().end() - 1);
+      shape.push_back(W_dec.size(1));
+      return decode_sparse(code, W_dec).view(shape);
+    }
+  }
+  return at::matmul(f, W_dec);
 }
 
 at::Tensor SparseDictionary::clean_output(const at::Tensor& x) {

@@ -1,6 +1,7 @@
 #include <flex/sae/splice.h>
 
 #include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
 
@@ -109,6 +110,16 @@ void undo_on_restore(FlexModel& fm, const Splice& s) {
   fm.on_restore([parent, sae] { detach(parent.lock(), sae.lock()); });
 }
 
+// The dictionary's d_in against the activation's width at `place` (a hook_z
+// dictionary reads [..., heads, d_head] flattened), before any arithmetic.
+void check_width(const SaeConfig& cfg, const at::Tensor& x, const std::string& place) {
+  const int64_t width = cfg.hook_z && x.dim() >= 2 ? x.size(-1) * x.size(-2) : (x.dim() >= 1 ? x.size(-1) : 0);
+  if (width != cfg.d_in)
+    throw ShapeError("dictionary " + (cfg.source.empty() ? cfg.class_name() : "'" + cfg.source + "'") + " has d_in " +
+                     std::to_string(cfg.d_in) + ", but '" + place + "' gives activations of width " +
+                     std::to_string(width) + " (shape " + shape_text(x.sizes()) + ")");
+}
+
 HookHandle add_hook(FlexModel& fm, const HookPointRef& at, EditFn edit) {
   HookFunctionOptions o;
   o.editing_function = std::move(edit);
@@ -130,7 +141,9 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
     s.module = in.module;
     s.parent = adopt(model, in.module, sae);
     undo_on_restore(fm, s);
-    s.handles.push_back(add_hook(fm, in, [sae, mode](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+    const std::string place = in.module + (in.input ? " (input)" : "");
+    s.handles.push_back(add_hook(fm, in, [sae, mode, place](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+      check_width(sae->config(), x, place);
       sae->use_error_term = mode == SpliceMode::ReplaceWithError;
       const at::Tensor y = (*sae)(x);
       return mode == SpliceMode::Observe ? x : y.to(x.scalar_type());
@@ -147,7 +160,9 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
   // The input place runs first (the MLP's input, then its output): keep its activation for the output hook.
   auto input = std::make_shared<at::Tensor>();
   try {
-    s.handles.push_back(add_hook(fm, in, [input](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+    const std::string place = in.module + (in.input ? " (input)" : "");
+    s.handles.push_back(add_hook(fm, in, [input, sae, place](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
+      check_width(sae->config(), x, place);
       *input = x;
       return x;
     }));
@@ -157,6 +172,10 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
         throw ConfigError("transcoder output place '" + out_name + "' ran before its input place");
       const at::Tensor x = *input;
       *input = at::Tensor();
+      if (y.dim() < 1 || y.size(-1) != sae->config().d_out)
+        throw ShapeError("transcoder " + (sae->config().source.empty() ? sae->config().class_name() : "'" + sae->config().source + "'") +
+                         " has d_out " + std::to_string(sae->config().d_out) + ", but '" + out_name +
+                         "' gives activations of shape " + shape_text(y.sizes()));
       const at::Tensor t = (*sae)(x).to(y.scalar_type());
       if (mode == SpliceMode::Observe) return y;
       if (mode == SpliceMode::Replace) return t;

@@ -189,3 +189,25 @@ TEST(Splice, TranscoderStandsInForTheMlp) {
 }
 
 }  // namespace
+
+TEST(Splice, ADictionaryOfAnotherWidthIsAShapeErrorNamingThePlace) {
+  auto lm = gpt2();
+  SaeConfig c;
+  c.d_in = c.d_out = 32;  // the fixture's residual stream is 64 wide
+  c.d_sae = 16;
+  c.hook_name = "blocks.0.hook_resid_pre";
+  c.source = "saes/wrong-width";
+  FlexModel fm(lm);
+  splice_sae(fm, std::make_shared<SparseDictionary>(c));
+  try {
+    at::NoGradGuard ng;
+    fm.forward(ids());
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("saes/wrong-width"), std::string::npos) << m;
+    EXPECT_NE(m.find("transformer.h.0.hook_resid_pre"), std::string::npos) << m;
+    EXPECT_NE(m.find("d_in 32"), std::string::npos) << m;
+    EXPECT_NE(m.find("width 64"), std::string::npos) << m;
+  }
+}

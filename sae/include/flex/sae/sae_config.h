@@ -47,6 +47,8 @@ struct SaeConfig {
   std::string hook_name, hook_name_out, model_name;
   std::optional<int64_t> hook_head_index;
   nlohmann::json metadata = nlohmann::json::object();
+  /// The folder or file it was read from (named in errors); empty when built in code.
+  std::string source;
 
   bool transcoder() const;
   bool has_skip() const;

@@ -58,6 +58,8 @@ class SparseDictionary : public Module {
   at::Tensor normalize(const at::Tensor& x);
   at::Tensor denormalize(const at::Tensor& y) const;
   at::Tensor activate(const at::Tensor& s);
+  /// acts x W_dec, as a gather of the active rows when the code is sparse.
+  at::Tensor decode_product(const at::Tensor& f);
 
   SaeConfig cfg_;
   std::shared_ptr<Identity> hook_sae_input_, hook_sae_acts_pre_, hook_sae_acts_post_, hook_sae_recons_,

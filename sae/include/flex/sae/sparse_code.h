@@ -1,0 +1,46 @@
+#pragma once
+// Feature activations kept sparse. A dictionary's codes are mostly zeros
+// (a TopK SAE of 16k features keeps k = 32..64 per token), so decoding them
+// as a dense [N, d_sae] x [d_sae, d_out] product wastes d_sae / k of the
+// work, and storing them densely wastes as much disk:
+//
+//   auto code = flex::sparse_code(acts);              // CSR over the rows of [..., d_sae]
+//   at::Tensor y = flex::decode_sparse(code, W_dec);   // [N, d_out]: gathers the active rows
+//   auto top = flex::strongest_features(code, 64);     // per row: 64 (index, value), l0
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace flex {
+
+/// Compressed sparse rows of an activation [..., d_sae] flattened to [N, d_sae].
+struct SparseCode {
+  at::Tensor indptr;   ///< [N + 1] int64: row n's entries are indptr[n] .. indptr[n+1]-1
+  at::Tensor indices;  ///< [nnz] int64: feature index, ascending within a row
+  at::Tensor values;   ///< [nnz], the activation's dtype
+  int64_t rows = 0, width = 0;
+  int64_t nnz() const { return indices.defined() ? indices.numel() : 0; }
+};
+
+/// The non-zero entries of `acts` (CPU, float / double / bfloat16 / half) by
+/// row. Threads split the rows; the result does not depend on their number.
+SparseCode sparse_code(const at::Tensor& acts);
+
+/// sum_j values_j * W_dec[indices_j] per row: [N, d_out] in W_dec's dtype
+/// (float or double: others are computed in float). Each row adds its
+/// entries in index order, so the result does not depend on the thread count.
+at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec);
+
+/// Fixed-width view of a code for storage: per row its `width` largest
+/// entries by value (ties: lower index first), descending; rows with fewer
+/// entries are padded with index -1 and value 0. l0 counts every non-zero
+/// entry of the row, so l0 > width shows a row was cut.
+struct StrongestFeatures {
+  at::Tensor indices;  ///< [N, width] int32
+  at::Tensor values;   ///< [N, width], the code's dtype
+  at::Tensor l0;       ///< [N] int32
+};
+/// width 0: the largest row's count (nothing cut).
+StrongestFeatures strongest_features(const SparseCode& code, int64_t width = 0);
+
+}  // namespace flex

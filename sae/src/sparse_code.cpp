@@ -1,0 +1,138 @@
+#include <flex/sae/sparse_code.h>
+
+#include <flex/hooks/errors.h>
+#include <flex/hooks/shape_text.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace flex {
+
+namespace {
+
+// Rows per parallel task: enough work (d_sae values each) to pay for a task.
+constexpr int64_t kRowGrain = 16;
+
+}  // namespace
+
+SparseCode sparse_code(const at::Tensor& acts) {
+  if (acts.dim() < 1) throw ShapeError("sparse_code: feature activations need at least one dim, got a scalar");
+  if (!acts.device().is_cpu()) throw ConfigError("sparse_code: feature activations must be on the CPU");
+  SparseCode c;
+  c.width = acts.size(-1);
+  const at::Tensor a = acts.reshape({-1, c.width}).contiguous();
+  c.rows = a.size(0);
+  const int64_t N = c.rows, D = c.width;
+  std::vector<int64_t> counts(N + 1, 0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "sparse_code_count", [&] {
+    const scalar_t* p = a.const_data_ptr<scalar_t>();
+    at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const scalar_t* row = p + n * D;
+        int64_t k = 0;
+        for (int64_t d = 0; d < D; ++d) k += static_cast<float>(row[d]) != 0.0f;
+        counts[n + 1] = k;
+      }
+    });
+  });
+  std::partial_sum(counts.begin(), counts.end(), counts.begin());
+  c.indptr = at::tensor(counts, at::kLong);
+  const int64_t nnz = counts[N];
+  c.indices = at::empty({nnz}, at::kLong);
+  c.values = at::empty({nnz}, a.options());
+  int64_t* idx = c.indices.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "sparse_code_fill", [&] {
+    const scalar_t* p = a.const_data_ptr<scalar_t>();
+    scalar_t* val = c.values.data_ptr<scalar_t>();
+    at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const scalar_t* row = p + n * D;
+        int64_t at = counts[n];
+        for (int64_t d = 0; d < D; ++d)
+          if (static_cast<float>(row[d]) != 0.0f) {
+            idx[at] = d;
+            val[at] = row[d];
+            ++at;
+          }
+      }
+    });
+  });
+  return c;
+}
+
+at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec) {
+  if (W_dec.dim() != 2 || W_dec.size(0) != code.width)
+    throw ShapeError("decode_sparse: decoder " + shape_text(W_dec.sizes()) + " for codes of " +
+                     std::to_string(code.width) + " features (need [" + std::to_string(code.width) + ", d_out])");
+  const bool native = W_dec.scalar_type() == at::kFloat || W_dec.scalar_type() == at::kDouble;
+  const at::Tensor W = (native ? W_dec : W_dec.to(at::kFloat)).contiguous();
+  const int64_t N = code.rows, D = W.size(1);
+  at::Tensor out = at::zeros({N, D}, W.options());
+  if (N == 0 || code.nnz() == 0) return native ? out : out.to(W_dec.scalar_type());
+  const int64_t* ptr = code.indptr.const_data_ptr<int64_t>();
+  const int64_t* idx = code.indices.const_data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "decode_sparse", [&] {
+    const at::Tensor v = code.values.to(W.scalar_type()).contiguous();
+    const scalar_t* val = v.const_data_ptr<scalar_t>();
+    const scalar_t* w = W.const_data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        scalar_t* __restrict__ row = o + n * D;
+        for (int64_t j = ptr[n]; j < ptr[n + 1]; ++j) {
+          const scalar_t a = val[j];
+          const scalar_t* __restrict__ wr = w + idx[j] * D;
+          for (int64_t d = 0; d < D; ++d) row[d] += a * wr[d];
+        }
+      }
+    });
+  });
+  return native ? out : out.to(W_dec.scalar_type());
+}
+
+StrongestFeatures strongest_features(const SparseCode& code, int64_t width) {
+  if (width < 0) throw ConfigError("strongest_features: width must be >= 0, got " + std::to_string(width));
+  const int64_t N = code.rows;
+  const at::Tensor ptr_t = code.indptr.contiguous();
+  const int64_t* ptr = ptr_t.const_data_ptr<int64_t>();
+  if (width == 0)
+    for (int64_t n = 0; n < N; ++n) width = std::max(width, ptr[n + 1] - ptr[n]);
+  StrongestFeatures s;
+  s.indices = at::full({N, width}, -1, at::kInt);
+  s.values = at::zeros({N, width}, code.values.options());
+  s.l0 = (ptr_t.narrow(0, 1, N) - ptr_t.narrow(0, 0, N)).to(at::kInt);
+  if (N == 0 || width == 0 || code.nnz() == 0) return s;
+  const at::Tensor vf = code.values.to(at::kFloat).contiguous();
+  const float* val = vf.const_data_ptr<float>();
+  const int64_t* idx = code.indices.const_data_ptr<int64_t>();
+  int32_t* oi = s.indices.data_ptr<int32_t>();
+  std::vector<int64_t> picked(N * width, -1);  // entry numbers, to copy values in their own dtype
+  at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> order;
+    for (int64_t n = begin; n < end; ++n) {
+      order.resize(ptr[n + 1] - ptr[n]);
+      std::iota(order.begin(), order.end(), ptr[n]);
+      const int64_t keep = std::min<int64_t>(width, order.size());
+      // Indices ascend within a row, so entry order breaks ties by the lower feature.
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
+        return val[a] > val[b] || (val[a] == val[b] && a < b);
+      });
+      for (int64_t j = 0; j < keep; ++j) {
+        oi[n * width + j] = static_cast<int32_t>(idx[order[j]]);
+        picked[n * width + j] = order[j];
+      }
+    }
+  });
+  const at::Tensor pick = at::tensor(picked, at::kLong).view({N, width});
+  const at::Tensor valid = pick.ge(0);
+  s.values = at::where(valid, code.values.index_select(0, pick.clamp_min(0).flatten()).view({N, width}),
+                       at::zeros({}, code.values.options()));
+  return s;
+}
+
+}  // namespace flex
