@@ -319,6 +319,10 @@ at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {
   return arch_.scaled_embedding_class.empty() ? scale_embeddings(rows) : rows;  // else scaled inside embed_tokens
 }
 
+bool DecoderModel::scales_after_lookup() const {
+  return arch_.scale_embeddings && arch_.scaled_embedding_class.empty();
+}
+
 at::Tensor DecoderModel::scale_embeddings(const at::Tensor& rows) const {
   if (!arch_.scale_embeddings && arch_.scaled_embedding_class.empty()) return rows;
   // Gemma: the scale is a tensor of the hidden dtype (sqrt(3072) rounds in bf16).

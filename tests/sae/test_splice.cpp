@@ -83,9 +83,16 @@ TEST(Splice, TransformerLensNamesResolveToOurModules) {
   EXPECT_EQ(resolve_hook_name(*lm, "blocks.0.hook_attn_out").module, "transformer.h.0.attn");
   EXPECT_EQ(resolve_hook_name(*lm, "blocks.1.attn.hook_z").module, "transformer.h.1.attn.hook_head_out");
   EXPECT_EQ(resolve_hook_name(*lm, "hook_embed").module, "transformer.wte");
+  // TransformerLens 4.3: hook_mlp_in is ln_2's input, ln2.hook_normalized that input
+  // normalised without ln_2's weight (values checked in test_tl_hook_names.cpp).
   const HookPointRef in = resolve_hook_name(*lm, "blocks.1.ln2.hook_normalized");
-  EXPECT_EQ(in.module, "transformer.h.1.mlp");
+  EXPECT_EQ(in.module, "transformer.h.1.ln_2");
   EXPECT_TRUE(in.input);
+  EXPECT_TRUE(in.normalized);
+  const HookPointRef mlp_in = resolve_hook_name(*lm, "blocks.1.hook_mlp_in");
+  EXPECT_EQ(mlp_in.module, "transformer.h.1.ln_2");
+  EXPECT_TRUE(mlp_in.input);
+  EXPECT_FALSE(mlp_in.normalized);
   EXPECT_EQ(resolve_hook_name(*lm, "transformer.h.0.mlp.c_fc").module, "transformer.h.0.mlp.c_fc");
   try {
     resolve_hook_name(*lm, "blocks.0.hook_q_norm");
@@ -174,7 +181,10 @@ TEST(Splice, TranscoderStandsInForTheMlp) {
   auto lm = gpt2();
   at::NoGradGuard ng;
   const std::string mlp = "transformer.h.0.mlp";
-  const at::Tensor in = captured(lm, mlp, HookType::ForwardPre);
+  // ln2.hook_normalized: ln_2's input (the residual) normalised without weight and bias.
+  const at::Tensor resid = captured(lm, "transformer.h.0.ln_2", HookType::ForwardPre);
+  const at::Tensor centred = resid - resid.mean({-1}, true);
+  const at::Tensor in = centred / at::sqrt(centred.pow(2).mean({-1}, true) + 1e-5);
   auto tc = random_dictionary(SaeArchitecture::Transcoder, "blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out");
   const at::Tensor want = patched_logits(lm, mlp, recon_by_hand(*tc, in));
   {
@@ -186,6 +196,11 @@ TEST(Splice, TranscoderStandsInForTheMlp) {
   FlexModel fm(lm);
   splice_sae(fm, tc, {SpliceMode::ReplaceWithError});
   EXPECT_TRUE(flex_test::close(fm.forward(ids()), lm->logits(ids()), 1e-5, 1e-5));
+  // A dictionary cannot stand in for a value the model only reads from.
+  FlexModel fm2(lm);
+  EXPECT_THROW(splice_sae(fm2, random_dictionary(SaeArchitecture::Standard, "blocks.0.ln2.hook_normalized"),
+                          {SpliceMode::Replace}),
+               UnsupportedError);
 }
 
 }  // namespace

@@ -214,6 +214,8 @@ class DecoderModel : public Module {
   /// sqrt(hidden), in the rows' dtype); the pipeline's stage 0, whose
   /// vocab-parallel embedding replaces embed_tokens, runs it too.
   at::Tensor scale_embeddings(const at::Tensor& rows) const;
+  /// True where the scaling follows embed_tokens (Gemma 1/2): its output is the unscaled lookup.
+  bool scales_after_lookup() const;
   /// (cos, sin) for every layer (one entry when all layers share it; an
   /// undefined Value where the layers compute RoPE themselves). `run_hooks`
   /// false: later pipeline stages recompute what stage 0's hooked call gave.
