@@ -45,6 +45,7 @@ struct ActivationShardWriter::State {
   ActivationShardWriterOptions o;
   std::vector<std::string> hooks;
   std::vector<std::vector<int64_t>> shapes;  // per-token shape of each hook (empty until known)
+  std::vector<at::ScalarType> dtypes;        // each hook's stored dtype: o.dtype, or its own if integer
   int64_t next_shard = 0;
 
   std::mutex mu;
@@ -56,7 +57,7 @@ struct ActivationShardWriter::State {
   std::thread thread;
 
   // Writer thread only: the shard being filled.
-  std::vector<at::Tensor> bufs;   // per hook [capacity, ...] in o.dtype
+  std::vector<at::Tensor> bufs;   // per hook [capacity, ...] in its stored dtype
   std::vector<at::Tensor> index;  // per index name [capacity] int64
   int64_t fill = 0, capacity = 0;
   int64_t first_context = -1, end_context = 0;
@@ -66,10 +67,10 @@ struct ActivationShardWriter::State {
 
   uint64_t bytes_per_token() const {
     uint64_t b = 8 * activation_index_names().size();
-    for (const auto& s : shapes) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
       int64_t n = 1;
-      for (int64_t d : s) n *= d;
-      b += static_cast<uint64_t>(n) * c10::elementSize(o.dtype);
+      for (int64_t d : shapes[i]) n *= d;
+      b += static_cast<uint64_t>(n) * c10::elementSize(dtypes[i]);
     }
     return b;
   }
@@ -97,7 +98,7 @@ struct ActivationShardWriter::State {
     };
     bufs.resize(hooks.size());
     index.resize(activation_index_names().size());
-    for (size_t i = 0; i < hooks.size(); ++i) grow(bufs[i], shapes[i], o.dtype);
+    for (size_t i = 0; i < hooks.size(); ++i) grow(bufs[i], shapes[i], dtypes[i]);
     for (auto& t : index) grow(t, {}, at::kLong);
     capacity = cap;
   }
@@ -123,7 +124,7 @@ struct ActivationShardWriter::State {
     if (first_context < 0) return;  // nothing since the last shard
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (size_t i = 0; i < hooks.size(); ++i)
-      tensors.emplace_back(hooks[i], fill > 0 ? bufs[i].narrow(0, 0, fill) : at::empty({0}, o.dtype));
+      tensors.emplace_back(hooks[i], fill > 0 ? bufs[i].narrow(0, 0, fill) : at::empty({0}, dtypes[i]));
     for (size_t k = 0; k < activation_index_names().size(); ++k)
       tensors.emplace_back(activation_index_names()[k], fill > 0 ? index[k].narrow(0, 0, fill) : at::empty({0}, at::kLong));
     save_safetensors((fs::path(dir) / shard_file_name(next_shard)).string(), tensors,
@@ -249,17 +250,24 @@ void ActivationShardWriter::add(ActivationBatch b) {
                       std::to_string(s.hooks.size()) + " hooks");
   const bool first = s.shapes.empty();
   std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::ScalarType> dtypes;
   for (size_t i = 0; i < s.hooks.size(); ++i) {
     const at::Tensor& a = b.activations[i];
     if (!a.defined() || a.dim() < 1 || a.size(0) != tokens)
       throw ShapeError("hook '" + s.hooks[i] + "': activation " + (a.defined() ? shape_text(a.sizes()) : "(none)") +
                        " does not have one row per token (" + std::to_string(tokens) + ")");
-    if (!a.is_floating_point()) throw ShapeError("hook '" + s.hooks[i] + "': activation is not floating point");
+    if (a.is_complex() || a.scalar_type() == at::kBool)
+      throw ShapeError("hook '" + s.hooks[i] + "': activation is " + c10::toString(a.scalar_type()) +
+                       " (floating point or integer stored)");
     std::vector<int64_t> per(a.sizes().begin() + 1, a.sizes().end());
     if (!first && per != s.shapes[i])
       throw ShapeError("hook '" + s.hooks[i] + "': per-token shape " + shape_text(per) + " differs from the dataset's " +
                        shape_text(s.shapes[i]));
     shapes.push_back(per);
+    dtypes.push_back(a.is_floating_point() ? s.o.dtype : a.scalar_type());
+    if (!first && dtypes.back() != s.dtypes[i])
+      throw ShapeError("hook '" + s.hooks[i] + "': stored as " + c10::toString(dtypes.back()) + ", the dataset's is " +
+                       c10::toString(s.dtypes[i]));
   }
   std::unique_lock<std::mutex> lock(s.mu);
   auto deliver = [&] {
@@ -268,6 +276,7 @@ void ActivationShardWriter::add(ActivationBatch b) {
   };
   if (s.error) deliver();
   if (first) {
+    s.dtypes = dtypes;
     s.shapes = shapes;  // the writer thread reads them only after this batch is queued
     lock.unlock();
     s.write_settings();

@@ -86,14 +86,16 @@ std::vector<int64_t> stored_offsets(const at::Tensor& context_ids, int64_t conte
 DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokenizer> tokenizer,
                                      const DatasetCaptureOptions& o, Communicator* world) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.hooks.empty()) throw ConfigError("dataset capture: no hooks given");
+  if (o.hooks.empty() && o.columns.empty()) throw ConfigError("dataset capture: no hooks given");
   if (o.exclude_bos && !o.bos_id)
     throw ConfigError("exclude BOS: the model declares no BOS token (no bos_token_id, and no BOS in its tokenizer)");
   if (o.random_positions < 0) throw ConfigError("random positions: K must be positive");
   const bool writes = !world || world->rank() == 0;
 
   nlohmann::json settings = o.describe;
-  settings["hooks"] = o.hooks;
+  std::vector<std::string> stored = o.hooks;
+  for (const auto& c : o.columns) stored.push_back(c.name);
+  settings["hooks"] = stored;
   settings["dataset"] = fs::absolute(o.corpus.path).lexically_normal().string();
   settings["dataset_bytes"] = fs::exists(o.corpus.path) ? static_cast<int64_t>(fs::file_size(o.corpus.path)) : 0;
   settings["text_field"] = o.corpus.text_field;
@@ -171,6 +173,7 @@ DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokeni
                             " times in one forward: a dataset capture needs one call per forward");
         ab.activations.push_back(per_token(h, it->second[0], B, T));
       }
+      for (const auto& c : o.columns) ab.activations.push_back(per_token(c.name, c.take(B, T), B, T));
       if (o.exclude_bos || o.random_positions > 0) {
         std::vector<int64_t> keep;
         for (int64_t b = 0; b < B; ++b)

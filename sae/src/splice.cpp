@@ -190,6 +190,7 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
   s.sae = sae;
   if (!cfg.transcoder()) {
     s.module = in.module;
+    s.place = in;
     s.parent = adopt(model, in.module, sae);
     undo_on_restore(fm, s);
     const std::string place = describe(in);
@@ -210,6 +211,7 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
   const HookPointRef out = resolve_hook_name(model, out_name);
   if (out.input) throw ConfigError("a transcoder writes a module's output; '" + out_name + "' is an input");
   s.module = out.module;
+  s.place = out;
   s.parent = adopt(model, out.module, sae);
   undo_on_restore(fm, s);
   // The input place runs first (the MLP's input, then its output): keep its activation for the output hook.

@@ -2,6 +2,8 @@
 // Internals of the `flexmodel` command line: argument parsing, logging,
 // progress, and the subcommands. Not a public API (no include/ header).
 #include <flex/quant/bnb_config.h>
+#include <flex/sae/sparse_code.h>
+#include <flex/sae/splice.h>
 #include <flex/dispatch/memory.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/parallel_lm.h>
@@ -11,6 +13,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -154,6 +157,35 @@ InputBatch read_input_ids(const std::string& path);
 /// except the root and the flex-only hook points ("...hook_resid_pre").
 std::vector<std::string> all_hook_names(Module& model);
 
+// --- sparse dictionaries (sae_options.cpp) ------------------------------------------
+/// --sae PATH[@HOOK] and --sae-mode, for capture and generate.
+std::vector<Flag> sae_flags(const std::string& default_mode);
+/// observe | replace | replace-with-error; UsageError otherwise.
+SpliceMode parse_splice_mode(const std::string& text);
+/// The dictionary at PATH (a SAELens folder, a Gemma Scope params.npz or its
+/// folder) spliced into `fm`, at HOOK when given, else where it says it reads.
+Splice splice_sae_spec(FlexModel& fm, const std::string& spec, SpliceMode mode);
+/// Every --sae, in order, in --sae-mode (else `fallback`).
+std::vector<Splice> splice_saes(FlexModel& fm, const Args& args, SpliceMode fallback);
+/// --sae-features active|top:K -> width for strongest_features (0: active).
+int64_t parse_feature_width(const std::string& text);
+
+/// Each forward's strongest features of one spliced dictionary, recorded by an
+/// editing function on its hook_sae_acts_post that leaves them unchanged.
+/// Keys of what it gives: "<module>.sae.feature_indices" / "feature_values" / "l0".
+class FeatureRecorder {
+ public:
+  FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width);
+  /// The forwards recorded since the last take, oldest first: rows [N, width] each.
+  std::vector<StrongestFeatures> take();
+  std::string key(const std::string& what) const { return module_ + ".sae." + what; }
+  int64_t width() const { return width_; }
+
+ private:
+  std::string module_;
+  int64_t width_;
+  std::shared_ptr<std::deque<StrongestFeatures>> got_;
+};
 
 // --- subcommands (each returns the exit code) ---------------------------------------
 int run_inspect(const std::vector<std::string>& argv);
@@ -163,6 +195,8 @@ int run_capture_dataset(const Args& args, const std::string& model_dir, const Ra
 int run_generate(const std::vector<std::string>& argv);
 int run_convert(const std::vector<std::string>& argv);
 int run_report(const std::vector<std::string>& argv);
+/// flexmodel features: a page of what a dictionary's features do on a corpus.
+int run_features(const std::vector<std::string>& argv);
 /// flexmodel --version: flexmodel's and libtorch's versions, the libtorch build, MPI and NCCL.
 int run_version();
 

@@ -48,8 +48,12 @@ const std::vector<Flag>& capture_flags() {
         {"--shard-size", "SIZE", "--dataset: bytes per shard (default 256MB)"},
         {"--store-dtype", "f32|bf16|f16", "--dataset: storage dtype of the activations (default: --dtype's); the model "
                                          "still computes in --dtype"},
+        {"--sae-features", "active|top:K", "with --sae: per token, every active feature (default; with --dataset, "
+                                          "TopK dictionaries only) or the K strongest; stored as <module>.sae."
+                                          "feature_indices (int32, -1 = none), feature_values and l0 (active count)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
+    for (auto& l : sae_flags("observe")) f.push_back(l);
     for (auto& l : loading_flags()) f.push_back(l);
     for (auto& p : parallel_flags()) f.push_back(p);
     return f;
@@ -112,6 +116,25 @@ class StreamWriter : public ActivationSink {
   std::vector<std::pair<std::string, at::Tensor>> pending_;
 };
 
+/// One dictionary's recorded forwards as [rows, T, K] indices / values and
+/// [rows, T] l0, every forward padded to the widest (index -1, value 0).
+std::vector<std::pair<std::string, at::Tensor>> features_tensors(const std::vector<StrongestFeatures>& got, int64_t T,
+                                                                 at::ScalarType dtype) {
+  int64_t K = 0;
+  for (const auto& f : got) K = std::max(K, f.indices.size(1));
+  std::vector<at::Tensor> idx, val, l0;
+  for (const auto& f : got) {
+    const int64_t pad = K - f.indices.size(1);
+    idx.push_back(at::constant_pad_nd(f.indices, {0, pad}, -1));
+    val.push_back(at::constant_pad_nd(to_out(f.values, dtype), {0, pad}, 0));
+    l0.push_back(f.l0);
+  }
+  if (got.empty()) return {};
+  return {{"feature_indices", at::cat(idx).view({-1, T, K})},
+          {"feature_values", at::cat(val).view({-1, T, K})},
+          {"l0", at::cat(l0).view({-1, T})}};
+}
+
 }  // namespace
 
 int run_capture(const std::vector<std::string>& argv) {
@@ -133,7 +156,13 @@ int run_capture(const std::vector<std::string>& argv) {
                             "packed into contexts of --context-len tokens and run in batches (default 8 contexts);\n"
                             "each hook's per-token activations go to shards in --stream-dir with the token ids and\n"
                             "(document, position) of every token (layout: README, 'Activation datasets'). Run it\n"
-                            "again on the same directory to resume after an interruption.");
+                            "again on the same directory to resume after an interruption.\n\n"
+                            "With --sae, each dictionary is spliced at its hook point (observe mode: the model is\n"
+                            "unchanged) and its feature activations are stored sparsely: per token the active\n"
+                            "features (or the K strongest) as <module>.sae.feature_indices [B, T, K] int32 (-1 pads),\n"
+                            "<module>.sae.feature_values [B, T, K] and <module>.sae.l0 [B, T] (the active count;\n"
+                            "l0 > K shows a token was cut). With --dataset the same go to the shards as [n, K] / [n].\n"
+                            "The dictionary's own hook points (<module>.sae.hook_sae_acts_post, ...) take --hook.");
     return 0;
   }
   set_log_level(args.get("--log-level"));
@@ -146,7 +175,11 @@ int run_capture(const std::vector<std::string>& argv) {
   const int sources = args.has("--prompt") + args.has("--prompts-file") + args.has("--input-ids");
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompts-file or --input-ids");
   const auto hooks_given = args.all("--hook");
-  if (hooks_given.empty()) throw UsageError("give at least one --hook NAME (or --hook all)");
+  if (hooks_given.empty() && !args.has("--sae")) throw UsageError("give at least one --hook NAME (or --hook all), or --sae PATH");
+  if (args.has("--sae-features") && !args.has("--sae")) throw UsageError("--sae-features goes with --sae");
+  if (args.has("--sae") && args.has("--stream-dir"))
+    throw UsageError("--sae writes its features to --out (or, with --dataset, to the activation dataset); not to --stream-dir");
+  const int64_t feature_width = parse_feature_width(args.get("--sae-features").value_or("active"));
   const auto out = args.get("--out");
   if (!out) throw UsageError("missing --out FILE.safetensors");
   const bool auto_batch = args.get("--batch-size") == std::optional<std::string>("auto");
@@ -168,6 +201,13 @@ int run_capture(const std::vector<std::string>& argv) {
   std::shared_ptr<ParallelCausalLM> parallel;
   if (ranks.mesh) model = parallel = load_parallel_model(dir, args, *ranks.mesh);
   else model = load_model(dir, args);
+  FlexModel fm(model);
+  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());  // whole activations on rank 0
+  // Dictionaries first: their hook points (<module>.sae.hook_sae_*) are then --hook-able.
+  const std::vector<Splice> splices = splice_saes(fm, args, SpliceMode::Observe);
+  std::vector<std::unique_ptr<FeatureRecorder>> recorders;
+  for (const auto& sp : splices) recorders.push_back(std::make_unique<FeatureRecorder>(fm, sp, feature_width));
+
   std::vector<std::string> names;
   std::set<std::string> seen;
   for (const auto& h : hooks_given) {
@@ -175,9 +215,6 @@ int run_capture(const std::vector<std::string>& argv) {
     for (const auto& n : add)
       if (seen.insert(n).second) names.push_back(n);
   }
-
-  FlexModel fm(model);
-  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());  // whole activations on rank 0
   for (const auto& n : names) fm.register_forward_hook(std::make_shared<HookFunction>(n));  // unknown: NotFoundError with close names
 
   const int64_t rows = all.input_ids.size(0);
@@ -193,6 +230,7 @@ int run_capture(const std::vector<std::string>& argv) {
           if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, 0, b);
           fm.forward(in.to_inputs());
           fm.clear();
+          for (auto& r : recorders) r->take();
           return b;
         },
         rows);
@@ -223,6 +261,7 @@ int run_capture(const std::vector<std::string>& argv) {
   // The sink numbers forwards itself: a resumed stream simply continues at `skip`.
 
   std::map<std::string, std::vector<at::Tensor>> captured;
+  std::vector<std::vector<StrongestFeatures>> features(recorders.size());
   std::vector<at::Tensor> logits;
   {
     at::NoGradGuard no_grad;
@@ -249,6 +288,9 @@ int run_capture(const std::vector<std::string>& argv) {
         }
         fm.clear();
       }
+      for (size_t i = 0; i < recorders.size(); ++i)
+        for (auto& f : recorders[i]->take())
+          if (ranks.writer()) features[i].push_back(std::move(f));
       progress.step();
     }
   }
@@ -272,6 +314,10 @@ int run_capture(const std::vector<std::string>& argv) {
     }
   }
   if (all.attention_mask.defined()) tensors.emplace_back("attention_mask", all.attention_mask);
+  for (size_t i = 0; i < recorders.size(); ++i) {
+    for (auto& [k, t] : features_tensors(features[i], all.input_ids.size(1), out_dtype))
+      tensors.emplace_back(recorders[i]->key(k), t);
+  }
   for (const auto& n : names)
     if (!stream && !captured.count(n)) log(LogLevel::Info, "module '" + n + "' was not called; nothing captured for it");
 
@@ -285,6 +331,7 @@ int run_capture(const std::vector<std::string>& argv) {
     }
   }
   if (log_level() >= LogLevel::Warn) {
+    if (!recorders.empty()) std::cerr << "flexmodel: " << recorders.size() << " dictionar" << (recorders.size() == 1 ? "y's" : "ies'") << " features captured\n";
     std::cerr << "flexmodel: captured " << (stream ? names.size() : captured.size()) << " module outputs over " << nbatches
               << " batch(es) -> " << (stream ? *args.get("--stream-dir") + " (shards), " : "") << *out << "\n";
   }

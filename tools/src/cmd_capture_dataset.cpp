@@ -55,7 +55,9 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
   if (!context_len) throw UsageError("--dataset needs --context-len N (tokens per context)");
   if (*context_len < 1) throw UsageError("option --context-len must be at least 1");
   const auto hooks_given = args.all("--hook");
-  if (hooks_given.empty()) throw UsageError("give at least one --hook NAME");
+  if (hooks_given.empty() && !args.has("--sae")) throw UsageError("give at least one --hook NAME, or --sae PATH");
+  if (args.has("--sae-features") && !args.has("--sae")) throw UsageError("--sae-features goes with --sae");
+  const int64_t feature_width = parse_feature_width(args.get("--sae-features").value_or("active"));
   const bool auto_batch = args.get("--batch-size") == std::optional<std::string>("auto");
   int64_t batch_size = auto_batch ? 0 : args.get_int("--batch-size").value_or(8);
   if (!auto_batch && batch_size < 1) throw UsageError("option --batch-size must be at least 1 (or auto)");
@@ -88,6 +90,8 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
   o.seed = static_cast<uint64_t>(args.get_int("--seed").value_or(0));
   o.max_shard_bytes = static_cast<uint64_t>(shard_size);
   o.describe = {{"model", fs::absolute(dir).lexically_normal().string()}};
+  for (const auto& spec : args.all("--sae")) o.describe["sae"].push_back(spec);
+  if (args.has("--sae")) o.describe["sae_features"] = args.get("--sae-features").value_or("active");
 
   std::shared_ptr<const Tokenizer> tok;
   try {
@@ -108,13 +112,46 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
   }
   o.vocab_size = cfg->vocab_size;
   o.bos_id = tok && tok->bos_id() ? tok->bos_id() : cfg->bos_token_id;
+  FlexModel fm(model);
+  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());
+  // Each dictionary's features: fixed-width columns, so every shard row has the same shape.
+  const std::vector<Splice> splices = splice_saes(fm, args, SpliceMode::Observe);
+  std::vector<std::shared_ptr<FeatureRecorder>> recorders;
+  for (const auto& sp : splices) {
+    const SaeConfig& c = sp.sae->config();
+    int64_t width = feature_width;
+    if (width == 0) {
+      if (!c.top_k())
+        throw UsageError("--sae-features active: a " + c.class_name() + " ('" + c.source + "') has no fixed number of " +
+                         "active features per token, so shards cannot hold them all in fixed rows; give "
+                         "--sae-features top:K (l0 records how many were active)");
+      width = c.k;
+    }
+    auto rec = std::make_shared<FeatureRecorder>(fm, sp, width);
+    recorders.push_back(rec);
+    // Three columns per dictionary; the first take() of a forward fetches all three.
+    auto pending = std::make_shared<std::optional<StrongestFeatures>>();
+    auto column = [rec, pending](int which) {
+      return [rec, pending, which](int64_t, int64_t) {
+        if (which == 0) {
+          auto got = rec->take();
+          if (got.size() != 1)
+            throw ConfigError("dictionary at '" + rec->key("") + "' ran " + std::to_string(got.size()) +
+                              " times in one forward (a dataset capture needs one call per forward)");
+          *pending = std::move(got[0]);
+        }
+        const StrongestFeatures& f = **pending;
+        return which == 0 ? f.indices : which == 1 ? f.values : f.l0;
+      };
+    };
+    o.columns.push_back({rec->key("feature_indices"), column(0)});
+    o.columns.push_back({rec->key("feature_values"), column(1)});
+    o.columns.push_back({rec->key("l0"), column(2)});
+  }
   std::set<std::string> seen;
   for (const auto& h : hooks_given)
     for (const auto& n : h == "all" ? all_hook_names(*model) : matching_hook_names(*model, h))
       if (seen.insert(n).second) o.hooks.push_back(n);
-
-  FlexModel fm(model);
-  if (parallel) fm.set_mesh(*ranks.mesh, parallel->layout());
 
   if (auto_batch) {
     // The largest batch of contexts that runs, from 64 down (Accelerate's

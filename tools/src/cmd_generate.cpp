@@ -9,6 +9,7 @@
 #include <flex/flexcore/routing_edits.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
+#include <flex/sae/feature_edits.h>
 #include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
@@ -35,8 +36,14 @@ const std::vector<Flag>& generate_flags() {
         {"--force-experts", "BLOCK=E1,E2,...", "route every token of sparse MoE block BLOCK to experts E1.. (k of them)", true},
         {"--ban-expert", "BLOCK=E[,E...]", "remove experts from BLOCK's router softmax (their logits become -inf)", true},
         {"--scale-expert", "EXPERT=ALPHA", "multiply expert module EXPERT's output (e.g. BLOCK.experts.3) by ALPHA", true},
+        {"--steer-feature", "[I:]F=ALPHA", "add ALPHA * decoder row F of the I-th --sae (from 0; I may be left out "
+                                           "with one --sae) where that dictionary sits", true},
+        {"--clamp-feature", "[I:]F=V", "set feature F of the I-th --sae to V at every position", true},
+        {"--scale-feature", "[I:]F=S", "multiply feature F of the I-th --sae by S", true},
+        {"--ablate-feature", "[I:]F", "zero feature F of the I-th --sae", true},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
+    for (auto& l : sae_flags("replace-with-error")) f.push_back(l);
     for (auto& l : loading_flags()) f.push_back(l);
     for (auto& p : parallel_flags()) f.push_back(p);
     return f;
@@ -157,6 +164,55 @@ HookFunctionPtr scale_expert(const std::string& spec) {
   return edit_hook(name, scale_output(alpha));
 }
 
+/// A feature of one of the spliced dictionaries: "[I:]F[=VALUE]".
+struct FeatureSpec {
+  const Splice* splice = nullptr;
+  int64_t feature = 0;
+  double value = 0;
+};
+
+FeatureSpec feature_spec(const std::string& flag, const std::string& spec, const std::vector<Splice>& splices,
+                         bool with_value) {
+  const std::string form = with_value ? "[I:]F=VALUE" : "[I:]F";
+  if (splices.empty()) throw UsageError(flag + " needs a dictionary: give --sae PATH");
+  std::string rest = spec;
+  size_t which = 0;
+  auto integer = [&](const std::string& text, const std::string& what) {
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end || v < 0) throw UsageError("option " + flag + ": " + what + " '" + text + "' in '" + spec + "' is not " + form);
+    return static_cast<int64_t>(v);
+  };
+  if (const auto colon = rest.find(':'); colon != std::string::npos) {
+    which = static_cast<size_t>(integer(rest.substr(0, colon), "dictionary"));
+    rest = rest.substr(colon + 1);
+    if (which >= splices.size())
+      throw UsageError("option " + flag + ": dictionary " + std::to_string(which) + " in '" + spec + "', but " +
+                       std::to_string(splices.size()) + " --sae given (counted from 0)");
+  } else if (splices.size() > 1) {
+    throw UsageError("option " + flag + ": '" + spec + "' does not say which of the " + std::to_string(splices.size()) +
+                     " dictionaries (I:F...)");
+  }
+  FeatureSpec f;
+  f.splice = &splices[which];
+  std::string feature = rest;
+  if (with_value) {
+    const auto eq = rest.find('=');
+    if (eq == std::string::npos) throw UsageError("option " + flag + ": '" + spec + "' is not " + form);
+    feature = rest.substr(0, eq);
+    const std::string v = rest.substr(eq + 1);
+    char* end = nullptr;
+    f.value = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end) throw UsageError("option " + flag + ": '" + v + "' in '" + spec + "' is not a number");
+  }
+  f.feature = integer(feature, "feature");
+  const int64_t d_sae = f.splice->sae->config().d_sae;
+  if (f.feature >= d_sae)
+    throw UsageError("option " + flag + ": feature " + std::to_string(f.feature) + " outside the dictionary's " +
+                     std::to_string(d_sae) + " features (" + f.splice->sae->config().source + ")");
+  return f;
+}
+
 }  // namespace
 
 int run_generate(const std::vector<std::string>& argv) {
@@ -168,7 +224,10 @@ int run_generate(const std::vector<std::string>& argv) {
                             "editing functions on every forward (the prompt and each new token). Prints the prompt\n"
                             "followed by the generated text. With --input-ids, one line per row: its token ids\n"
                             "(prompt, then the new ones, space-separated) when the folder has no tokenizer, else\n"
-                            "the decoded text.");
+                            "the decoded text.\n\n"
+                            "--sae splices dictionaries (default mode replace-with-error: the model's output is\n"
+                            "unchanged until a feature is edited); --clamp-feature / --scale-feature /\n"
+                            "--ablate-feature edit its feature activations, --steer-feature adds a decoder row.");
     return 0;
   }
   set_log_level(args.get("--log-level"));
@@ -222,6 +281,25 @@ int run_generate(const std::vector<std::string>& argv) {
   for (const auto& s : args.all("--force-experts")) fm.register_forward_hook(force(s, *root));
   for (const auto& s : args.all("--ban-expert")) fm.register_forward_hook(ban(s, *root));
   for (const auto& s : args.all("--scale-expert")) fm.register_forward_hook(scale_expert(s));
+  // Dictionaries, then their feature edits: acts_post edits act inside the
+  // dictionary; steering adds the decoder row where the dictionary writes,
+  // after it (hooks run in registration order).
+  const std::vector<Splice> splices = splice_saes(fm, args, SpliceMode::ReplaceWithError);
+  const bool observing = args.get("--sae-mode") && parse_splice_mode(*args.get("--sae-mode")) == SpliceMode::Observe;
+  auto feature_edit = [&](const char* flag, bool with_value, auto make) {
+    for (const auto& s : args.all(flag)) {
+      if (observing) throw UsageError(std::string(flag) + " edits features, which --sae-mode observe discards");
+      const FeatureSpec f = feature_spec(flag, s, splices, with_value);
+      fm.register_forward_hook(edit_hook(f.splice->module + ".sae.hook_sae_acts_post", make(f)));
+    }
+  };
+  feature_edit("--clamp-feature", true, [](const FeatureSpec& f) { return clamp_feature(f.feature, f.value); });
+  feature_edit("--scale-feature", true, [](const FeatureSpec& f) { return scale_feature(f.feature, f.value); });
+  feature_edit("--ablate-feature", false, [](const FeatureSpec& f) { return ablate_features({f.feature}); });
+  for (const auto& s : args.all("--steer-feature")) {
+    const FeatureSpec f = feature_spec("--steer-feature", s, splices, true);
+    attach_at(fm, f.splice->place, steer_feature(*f.splice->sae, f.feature, f.value));
+  }
 
   const at::Tensor& input = batch.input_ids;
   at::NoGradGuard no_grad;

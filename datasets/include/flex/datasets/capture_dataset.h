@@ -43,11 +43,22 @@ struct DatasetCaptureProgress {
   double corpus_fraction = 0;    // of the corpus read, 0..1
 };
 
+/// A per-token tensor the caller derives from each forward (a dictionary's
+/// sparse features, say), stored beside the hooks' activations under `name`.
+/// take(B, T) runs after every forward and returns [B*T, ...]: floating
+/// tensors are stored in the storage dtype, integer ones as they are.
+struct DatasetColumn {
+  std::string name;
+  std::function<at::Tensor(int64_t B, int64_t T)> take;
+};
+
 struct DatasetCaptureOptions {
   TokenContextsOptions corpus;
   /// Modules to capture: each must give one tensor per forward, [B, T, ...]
   /// or [B*T, ...] (ShapeError naming the module otherwise).
   std::vector<std::string> hooks;
+  /// Stored after the hooks (hooks and columns may not both be empty).
+  std::vector<DatasetColumn> columns;
   std::string out_dir;
   /// Storage dtype of the activations.
   at::ScalarType dtype = at::kFloat;

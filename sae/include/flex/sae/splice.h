@@ -66,6 +66,8 @@ struct SpliceOptions {
 /// and the child.
 struct Splice {
   std::string module;
+  /// Where the dictionary's output goes (its input place for an SAE, the output place for a transcoder).
+  HookPointRef place;
   std::vector<HookHandle> handles;
   std::shared_ptr<Module> parent;
   std::shared_ptr<SparseDictionary> sae;

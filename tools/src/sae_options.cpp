@@ -1,0 +1,90 @@
+// The command line's sparse dictionaries: --sae PATH[@HOOK] loaded and
+// spliced through FlexModel hooks, --sae-mode, and the recorder of each
+// forward's strongest features that capture and features share.
+#include "cli.h"
+
+#include <flex/flexcore/flex_model.h>
+#include <flex/hooks/errors.h>
+#include <flex/sae/load_sae.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace flex::cli {
+
+std::vector<Flag> sae_flags(const std::string& default_mode) {
+  return {
+      {"--sae", "PATH[@HOOK]", "splice a sparse dictionary: a SAELens folder (cfg.json + sae_weights.safetensors) or "
+                               "Gemma Scope params.npz (or its folder), at the TransformerLens hook it names or HOOK "
+                               "(a TransformerLens hook name or a module name)", true},
+      {"--sae-mode", "MODE", "observe (features computed, the model unchanged), replace (the reconstruction flows on) "
+                             "or replace-with-error (reconstruction + error: unchanged unless a feature is edited); "
+                             "default " + default_mode},
+  };
+}
+
+SpliceMode parse_splice_mode(const std::string& text) {
+  if (text == "observe") return SpliceMode::Observe;
+  if (text == "replace") return SpliceMode::Replace;
+  if (text == "replace-with-error" || text == "error") return SpliceMode::ReplaceWithError;
+  throw UsageError("option --sae-mode: '" + text + "' is not observe, replace or replace-with-error");
+}
+
+Splice splice_sae_spec(FlexModel& fm, const std::string& spec, SpliceMode mode) {
+  std::string path = spec, hook;
+  // PATH@HOOK, unless the whole text is an existing path (one may hold '@').
+  if (const auto at = spec.rfind('@'); at != std::string::npos && !fs::exists(spec)) {
+    path = spec.substr(0, at);
+    hook = spec.substr(at + 1);
+    if (path.empty() || hook.empty()) throw UsageError("option --sae: '" + spec + "' is not PATH or PATH@HOOK");
+  }
+  if (!fs::exists(path)) throw IOError("dictionary '" + path + "' does not exist (--sae)");
+  SpliceOptions o;
+  o.mode = mode;
+  o.hook_name = hook;
+  return splice_sae(fm, load_sae(path), o);
+}
+
+std::vector<Splice> splice_saes(FlexModel& fm, const Args& args, SpliceMode fallback) {
+  const SpliceMode mode = args.get("--sae-mode") ? parse_splice_mode(*args.get("--sae-mode")) : fallback;
+  if (args.has("--sae-mode") && !args.has("--sae")) throw UsageError("--sae-mode goes with --sae");
+  std::vector<Splice> splices;
+  for (const auto& spec : args.all("--sae")) splices.push_back(splice_sae_spec(fm, spec, mode));
+  return splices;
+}
+
+int64_t parse_feature_width(const std::string& text) {
+  if (text == "active") return 0;
+  if (text.rfind("top:", 0) == 0) {
+    try {
+      size_t used = 0;
+      const long long k = std::stoll(text.substr(4), &used);
+      if (used == text.size() - 4 && k >= 1) return k;
+    } catch (const std::exception&) {
+    }
+  }
+  throw UsageError("option --sae-features: '" + text + "' is not 'active' or 'top:K' with K >= 1");
+}
+
+FeatureRecorder::FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width)
+    : module_(splice.module), width_(width), got_(std::make_shared<std::deque<StrongestFeatures>>()) {
+  HookFunctionOptions o;
+  o.save = false;
+  auto got = got_;
+  o.editing_function = [got, width](Module&, const at::Tensor& acts, SaveContext&, TrainableModules&) {
+    got->push_back(strongest_features(sparse_code(acts.detach().to(at::kCPU)), width));
+    return acts;
+  };
+  fm.register_forward_hook(std::make_shared<HookFunction>(module_ + ".sae.hook_sae_acts_post", o));
+}
+
+std::vector<StrongestFeatures> FeatureRecorder::take() {
+  std::vector<StrongestFeatures> out(got_->begin(), got_->end());
+  got_->clear();
+  return out;
+}
+
+}  // namespace flex::cli
