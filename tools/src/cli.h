@@ -157,6 +157,12 @@ InputBatch read_input_ids(const std::string& path);
 /// except the root and the flex-only hook points ("...hook_resid_pre").
 std::vector<std::string> all_hook_names(Module& model);
 
+// --- HTML pages (report, features) -------------------------------------------------
+/// & < > " as entities.
+std::string html_escape(const std::string& s);
+/// A token as shown: spaces and line breaks made visible, control bytes replaced.
+std::string visible_token(const std::string& s);
+
 // --- sparse dictionaries (sae_options.cpp) ------------------------------------------
 /// --sae PATH[@HOOK] and --sae-mode, for capture and generate.
 std::vector<Flag> sae_flags(const std::string& default_mode);

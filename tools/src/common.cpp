@@ -343,4 +343,30 @@ InputBatch read_input_ids(const std::string& path) {
 }
 
 
+// --- HTML pages ---------------------------------------------------------------------
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string visible_token(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ' ') out += "\xE2\x90\xA3";        // U+2423 open box
+    else if (c == '\n') out += "\xE2\x86\xB5";  // U+21B5
+    else if (static_cast<unsigned char>(c) < 0x20) out += "\xEF\xBF\xBD";
+    else out += c;
+  }
+  return out;
+}
+
 }  // namespace flex::cli

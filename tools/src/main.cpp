@@ -19,10 +19,11 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  inspect    architecture, module sizes, tied parameters, the device map for a budget\n"
-    "  capture    hooked forward pass; activations to a safetensors file\n"
-    "  generate   text generation with steering, ablation and patching edits\n"
+    "  capture    hooked forward pass; activations (and dictionary features) to a safetensors file\n"
+    "  generate   text generation with steering, ablation, patching and feature edits\n"
     "  convert    re-shard, change dtype, or write an Accelerate offload folder\n"
     "  report     a capture file as one HTML page: attention, logit lens, norms, findings\n"
+    "  features   a sparse dictionary's features on a corpus as one HTML page\n"
     "\n"
     "flexmodel --version prints the versions of flexmodel, libtorch, MPI and NCCL.\n"
     "flexmodel COMMAND --help shows a command's options. Log level: --log-level or\n"
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return flex::cli::run_generate(args);
     if (cmd == "convert") return flex::cli::run_convert(args);
     if (cmd == "report") return flex::cli::run_report(args);
-    return fail(2, "unknown command '" + cmd + "' (use inspect, capture, generate, convert or report; flexmodel --help)");
+    if (cmd == "features") return flex::cli::run_features(args);
+    return fail(2, "unknown command '" + cmd + "' (use inspect, capture, generate, convert, report or features; flexmodel --help)");
   } catch (const flex::cli::UsageError& e) {
     return fail(2, e.what());
   } catch (const c10::Error& e) {

@@ -3,6 +3,7 @@
 // by the inline script on canvases from the probabilities embedded as
 // base64 bytes (one byte per probability keeps a 12-layer x 12-head capture
 // at 128 positions near 3 MB).
+#include "cli.h"
 #include "report.h"
 
 #include <nlohmann/json.hpp>
@@ -15,31 +16,8 @@ namespace flex::cli::report {
 
 namespace {
 
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-/// A token as shown: spaces and line breaks made visible.
-std::string visible(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == ' ') out += "\xE2\x90\xA3";        // U+2423 open box
-    else if (c == '\n') out += "\xE2\x86\xB5";  // U+21B5
-    else if (static_cast<unsigned char>(c) < 0x20) out += "\xEF\xBF\xBD";
-    else out += c;
-  }
-  return out;
-}
+std::string escape(const std::string& s) { return html_escape(s); }
+std::string visible(const std::string& s) { return visible_token(s); }
 
 std::string base64(const std::vector<uint8_t>& bytes) {
   static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
