@@ -48,3 +48,24 @@ def ban_experts(experts):
 def scale_output(factor):
     """The module's output times ``factor``."""
     return _C.edits.scale_output(float(factor))
+
+
+# --- feature edits, at a spliced dictionary's <module>.sae.hook_sae_acts_post ---------
+def ablate_features(features, positions=()):
+    """Features set to 0 (at sequence positions ``positions``, dim -2; all when empty)."""
+    return _C.sae.ablate_features([int(f) for f in features], [int(p) for p in positions])
+
+
+def clamp_feature(feature, value, positions=()):
+    """One feature set to ``value``."""
+    return _C.sae.clamp_feature(int(feature), float(value), [int(p) for p in positions])
+
+
+def scale_feature(feature, factor, positions=()):
+    """One feature multiplied by ``factor``."""
+    return _C.sae.scale_feature(int(feature), float(factor), [int(p) for p in positions])
+
+
+def steer_feature(sae, feature, alpha, positions=()):
+    """activation + alpha * W_dec[feature]: at the place the dictionary writes (its splice's module)."""
+    return _C.sae.steer_feature(sae, int(feature), float(alpha), [int(p) for p in positions])

@@ -21,11 +21,6 @@ namespace flex::python {
 
 namespace {
 
-/// An EditFn made in C++ (no Python inside), passed around from Python.
-struct Edit {
-  EditFn fn;
-};
-
 HookType hook_type(const std::string& t) {
   if (t == "forward") return HookType::Forward;
   if (t == "forward_pre") return HookType::ForwardPre;

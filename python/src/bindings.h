@@ -21,6 +21,14 @@ void bind_flex_model(py::module_& m);
 void bind_parallel(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_datasets(py::module_& m);
+/// After bind_flex_model (its edits return Edit).
+void bind_sae(py::module_& m);
+
+/// An EditFn made in C++ (no Python inside), passed around from Python as
+/// flexmodel._C.Edit and accepted wherever an editing function is.
+struct Edit {
+  EditFn fn;
+};
 
 /// The Python object for a module of the tree (the bound flex.Module).
 py::object module_to_py(Module& m);

@@ -1,0 +1,61 @@
+"""Sparse dictionaries (SAEs and transcoders) in the forward pass, over flex/sae.
+
+    import flexmodel
+    sae = flexmodel.sae.load_sae("saes/gpt2-res-jb/blocks.6.hook_resid_pre")   # SAELens folder or params.npz
+    fm = flexmodel.FlexModel(model, output_ptr={})
+    splice = flexmodel.sae.splice_sae(fm, sae, mode="replace_with_error")
+    fm.register_forward_hook(flexmodel.HookFunction(
+        splice.module + ".sae.hook_sae_acts_post", editing_function=flexmodel.edits.clamp_feature(1234, 8.0)))
+    logits = fm.forward(ids)
+
+A dictionary is a flexmodel.Module (``sae.encode(x)``, ``sae.decode(f)``, ``sae(x)``) computing as
+sae-lens 6.54 does; spliced, its hook points ``<module>.sae.hook_sae_input / _acts_pre / _acts_post /
+_recons / _error / _output`` are hookable by name.
+"""
+from . import _C
+from .flex_model import FlexModel
+from .modeling import _engine_module
+
+SparseDictionary = _C.sae.SparseDictionary
+Splice = _C.sae.Splice
+
+
+def load_sae(path, dtype=None):
+    """A SAELens folder (cfg.json + sae_weights.safetensors), a Gemma Scope params.npz or a folder
+    holding one. ``dtype`` ("float32", "bfloat16", ...) overrides a SAELens cfg's dtype."""
+    if dtype is None:
+        return _C.sae.load_sae(str(path))
+    from ._arguments import dtype_name
+    import os
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "cfg.json")):
+        return _C.sae.load_saelens_sae(str(path), dtype_name(dtype))
+    return _C.sae.load_gemma_scope_sae(str(path), "", dtype_name(dtype))
+
+
+def splice_sae(flex_model, sae, mode="replace", hook_name=None, hook_name_out=None):
+    """Attaches ``sae`` where it reads (its cfg's TransformerLens hook name, or ``hook_name``: a
+    TransformerLens name or one of the model's module names). mode: "observe" (features computed,
+    the model unchanged), "replace" (the reconstruction flows on) or "replace_with_error" (plus the
+    unedited error: unchanged until a feature is edited). A transcoder reads its input hook and
+    stands in for ``hook_name_out``. Returns a Splice (``.module``, ``.remove()``)."""
+    if not isinstance(flex_model, FlexModel):
+        from .errors import ConfigError
+        raise ConfigError(f"splice_sae needs a flexmodel.FlexModel, got {type(flex_model).__name__}")
+    return _C.sae.splice_sae(flex_model._engine, sae, mode, hook_name or "", hook_name_out or "")
+
+
+def resolve_hook_name(model, hook_name):
+    """(module name, reads the input?, normalised?) of a TransformerLens hook name in ``model``,
+    holding what TransformerLens 4.3's run_with_cache gives under that name."""
+    return _C.sae.resolve_hook_name(_engine_module(model), hook_name)
+
+
+def sparse_code(feature_acts):
+    """CSR of ``feature_acts`` [..., d_sae] by row: (indptr [N+1], indices [nnz], values [nnz])."""
+    return _C.sae.sparse_code(feature_acts)
+
+
+def strongest_features(feature_acts, width=0):
+    """Per row the ``width`` largest features (0: every active one): (indices int32 [N, width],
+    -1 pads; values [N, width]; l0 int32 [N], the active count)."""
+    return _C.sae.strongest_features(feature_acts, int(width))
