@@ -20,6 +20,40 @@ constexpr int64_t kRowGrain = 16;
 
 }  // namespace
 
+namespace {
+
+// True when any of the n values at p is non-zero (-0.0 counts as zero): one
+// vectorised OR over the bits, so the mostly-zero rows of a code are skipped
+// 16 values at a time.
+bool any_nonzero(const float* p, int64_t n) {
+  const uint32_t* b = reinterpret_cast<const uint32_t*>(p);
+  uint32_t any = 0;
+  for (int64_t j = 0; j < n; ++j) any |= b[j] & 0x7fffffffu;
+  return any != 0;
+}
+
+template <typename T>
+bool any_nonzero(const T* p, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (static_cast<float>(p[j]) != 0.0f) return true;
+  return false;
+}
+
+constexpr int64_t kChunk = 16;
+
+// Calls on(d) for each non-zero entry of a row, in index order.
+template <typename T, typename F>
+void for_each_nonzero(const T* row, int64_t D, F&& on) {
+  for (int64_t c = 0; c < D; c += kChunk) {
+    const int64_t n = std::min(kChunk, D - c);
+    if (!any_nonzero(row + c, n)) continue;
+    for (int64_t d = c; d < c + n; ++d)
+      if (static_cast<float>(row[d]) != 0.0f) on(d);
+  }
+}
+
+}  // namespace
+
 SparseCode sparse_code(const at::Tensor& acts) {
   if (acts.dim() < 1) throw ShapeError("sparse_code: feature activations need at least one dim, got a scalar");
   if (!acts.device().is_cpu()) throw ConfigError("sparse_code: feature activations must be on the CPU");
@@ -33,9 +67,8 @@ SparseCode sparse_code(const at::Tensor& acts) {
     const scalar_t* p = a.const_data_ptr<scalar_t>();
     at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
-        const scalar_t* row = p + n * D;
         int64_t k = 0;
-        for (int64_t d = 0; d < D; ++d) k += static_cast<float>(row[d]) != 0.0f;
+        for_each_nonzero(p + n * D, D, [&](int64_t) { ++k; });
         counts[n + 1] = k;
       }
     });
@@ -53,12 +86,11 @@ SparseCode sparse_code(const at::Tensor& acts) {
       for (int64_t n = begin; n < end; ++n) {
         const scalar_t* row = p + n * D;
         int64_t at = counts[n];
-        for (int64_t d = 0; d < D; ++d)
-          if (static_cast<float>(row[d]) != 0.0f) {
-            idx[at] = d;
-            val[at] = row[d];
-            ++at;
-          }
+        for_each_nonzero(row, D, [&](int64_t d) {
+          idx[at] = d;
+          val[at] = row[d];
+          ++at;
+        });
       }
     });
   });
@@ -71,23 +103,42 @@ at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec) {
                      std::to_string(code.width) + " features (need [" + std::to_string(code.width) + ", d_out])");
   const bool native = W_dec.scalar_type() == at::kFloat || W_dec.scalar_type() == at::kDouble;
   const at::Tensor W = (native ? W_dec : W_dec.to(at::kFloat)).contiguous();
-  const int64_t N = code.rows, D = W.size(1);
+  const int64_t N = code.rows, D = W.size(1), F = code.width, nnz = code.nnz();
   at::Tensor out = at::zeros({N, D}, W.options());
-  if (N == 0 || code.nnz() == 0) return native ? out : out.to(W_dec.scalar_type());
+  if (N == 0 || nnz == 0) return native ? out : out.to(W_dec.scalar_type());
+  // By feature (CSC), so each decoder row is read from memory once and added
+  // to every token that uses it while it sits in cache; a token row's entries
+  // still arrive in ascending feature order, so each output is summed in the
+  // same order whatever the threads. Threads split the output columns.
   const int64_t* ptr = code.indptr.const_data_ptr<int64_t>();
   const int64_t* idx = code.indices.const_data_ptr<int64_t>();
+  std::vector<int64_t> col_ptr(F + 1, 0);
+  for (int64_t j = 0; j < nnz; ++j) ++col_ptr[idx[j] + 1];
+  std::partial_sum(col_ptr.begin(), col_ptr.end(), col_ptr.begin());
+  std::vector<int64_t> entry(nnz), token(nnz);
+  {
+    std::vector<int64_t> fill(col_ptr.begin(), col_ptr.end() - 1);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = ptr[n]; j < ptr[n + 1]; ++j) {
+        const int64_t at = fill[idx[j]]++;
+        entry[at] = j;
+        token[at] = n;
+      }
+  }
   AT_DISPATCH_FLOATING_TYPES(W.scalar_type(), "decode_sparse", [&] {
     const at::Tensor v = code.values.to(W.scalar_type()).contiguous();
     const scalar_t* val = v.const_data_ptr<scalar_t>();
     const scalar_t* w = W.const_data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        scalar_t* __restrict__ row = o + n * D;
-        for (int64_t j = ptr[n]; j < ptr[n + 1]; ++j) {
-          const scalar_t a = val[j];
-          const scalar_t* __restrict__ wr = w + idx[j] * D;
-          for (int64_t d = 0; d < D; ++d) row[d] += a * wr[d];
+    constexpr int64_t kCols = 64;  // columns per task: a cache line's worth of floats x 4
+    at::parallel_for(0, (D + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
+      const int64_t c0 = begin * kCols, c1 = std::min(D, end * kCols);
+      for (int64_t f = 0; f < F; ++f) {
+        const scalar_t* __restrict__ wr = w + f * D;
+        for (int64_t e = col_ptr[f]; e < col_ptr[f + 1]; ++e) {
+          const scalar_t a = val[entry[e]];
+          scalar_t* __restrict__ row = o + token[e] * D;
+          for (int64_t d = c0; d < c1; ++d) row[d] += a * wr[d];
         }
       }
     });

@@ -12,8 +12,10 @@ namespace flex {
 
 namespace {
 
-// Above one active feature in this many, the dense product is faster.
-constexpr int64_t kDenseFraction = 8;
+// Above one active feature in this many, the dense product is faster
+// (measured on 1024 x 16k codes into 768: 1/256 active 28 ms gathered vs
+// 74 ms dense, 1/64 57 vs 73, 1/32 98 vs 73).
+constexpr int64_t kDenseFraction = 48;
 
 at::Tensor zeros(std::initializer_list<int64_t> shape, at::ScalarType dtype) {
   return at::zeros(shape, at::TensorOptions().dtype(dtype));
@@ -156,7 +158,7 @@ at::Tensor SparseDictionary::decode(const at::Tensor& acts) {
 at::Tensor SparseDictionary::decode_product(const at::Tensor& f) {
   // Codes are mostly zeros: gather the active decoder rows instead of the
   // dense product, unless autograd needs the graph or too many are active
-  // for the gather to win (measured in bench/bench_sae).
+  // for the gather to win.
   const bool graph = at::GradMode::is_enabled() && (W_dec.requires_grad() || f.requires_grad());
   if (!graph && f.device().is_cpu() && f.dim() >= 1 && f.numel() > 0) {
     const SparseCode code = sparse_code(f);
