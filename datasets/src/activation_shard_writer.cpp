@@ -265,7 +265,7 @@ void ActivationShardWriter::add(ActivationBatch b) {
                        shape_text(s.shapes[i]));
     shapes.push_back(per);
     dtypes.push_back(a.is_floating_point() ? s.o.dtype : a.scalar_type());
-    if (!first && dtypes.back() != s.dtypes[i])
+    if (!s.dtypes.empty() && dtypes.back() != s.dtypes[i])
       throw ShapeError("hook '" + s.hooks[i] + "': stored as " + c10::toString(dtypes.back()) + ", the dataset's is " +
                        c10::toString(s.dtypes[i]));
   }
@@ -275,8 +275,9 @@ void ActivationShardWriter::add(ActivationBatch b) {
     std::rethrow_exception(s.error);
   };
   if (s.error) deliver();
+  // A resumed dataset knows its shapes from dataset.json, its dtypes from this first batch.
+  if (s.dtypes.empty()) s.dtypes = dtypes;
   if (first) {
-    s.dtypes = dtypes;
     s.shapes = shapes;  // the writer thread reads them only after this batch is queued
     lock.unlock();
     s.write_settings();
