@@ -103,6 +103,8 @@ MaxMemory parse_max_memory(const std::string& text);
 at::ScalarType parse_dtype(const std::string& text);
 /// Transformers' torch_dtype spelling of a dtype ("float32").
 std::string torch_dtype_name(at::ScalarType t);
+/// "3,1" -> {3, 1}: non-negative integers; UsageError "option FLAG: 'x' is not WHAT" otherwise.
+std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text, const std::string& what);
 /// A size string ("200MB", "1GiB", bytes) -> bytes; UsageError naming the flag.
 int64_t parse_size(const std::string& flag, const std::string& text);
 
@@ -176,13 +178,16 @@ std::vector<Splice> splice_saes(FlexModel& fm, const Args& args, SpliceMode fall
 /// --sae-features active|top:K -> width for strongest_features (0: active).
 int64_t parse_feature_width(const std::string& text);
 
-/// Each forward's strongest features of one spliced dictionary, recorded by an
-/// editing function on its hook_sae_acts_post that leaves them unchanged.
-/// Keys of what it gives: "<module>.sae.feature_indices" / "feature_values" / "l0".
+/// Each forward's features of one spliced dictionary, recorded by an editing
+/// function on its hook_sae_acts_post that leaves them unchanged. Keys of
+/// what capture stores: "<module>.sae.feature_indices" / "feature_values" / "l0".
 class FeatureRecorder {
  public:
-  FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width);
-  /// The forwards recorded since the last take, oldest first: rows [N, width] each.
+  /// `width`: what take() keeps per token (strongest_features; 0: every active feature).
+  FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width = 0);
+  /// The forwards recorded since the last take, oldest first, as codes [N tokens, d_sae].
+  std::vector<SparseCode> take_codes();
+  /// The same, each cut to `width` features per token.
   std::vector<StrongestFeatures> take();
   std::string key(const std::string& what) const { return module_ + ".sae." + what; }
   int64_t width() const { return width_; }
@@ -190,7 +195,7 @@ class FeatureRecorder {
  private:
   std::string module_;
   int64_t width_;
-  std::shared_ptr<std::deque<StrongestFeatures>> got_;
+  std::shared_ptr<std::deque<SparseCode>> got_;
 };
 
 // --- subcommands (each returns the exit code) ---------------------------------------

@@ -55,18 +55,11 @@ int64_t positive(const Args& args, const std::string& flag, int64_t fallback) {
 
 std::vector<int64_t> feature_list(const std::string& text, int64_t d_sae) {
   std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end || v < 0) throw UsageError("option --features: '" + item + "' is not a feature index");
+  for (int64_t v : parse_index_list("--features", text, "a feature index")) {
     if (v >= d_sae)
-      throw UsageError("option --features: feature " + item + " outside the dictionary's " + std::to_string(d_sae) +
-                       " features");
+      throw UsageError("option --features: feature " + std::to_string(v) + " outside the dictionary's " +
+                       std::to_string(d_sae) + " features");
     if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-    start = comma + 1;
   }
   return out;
 }
@@ -126,14 +119,7 @@ int run_features(const std::vector<std::string>& argv) {
   std::vector<int64_t> requested;
   if (auto f = args.get("--features")) requested = feature_list(*f, d_sae);
 
-  auto code = std::make_shared<SparseCode>();
-  HookFunctionOptions ho;
-  ho.save = false;
-  ho.editing_function = [code](Module&, const at::Tensor& acts, SaveContext&, TrainableModules&) {
-    *code = sparse_code(acts.detach().to(at::kCPU));
-    return acts;
-  };
-  fm.register_forward_hook(std::make_shared<HookFunction>(splice.module + ".sae.hook_sae_acts_post", ho));
+  FeatureRecorder recorder(fm, splice);
 
   TokenContextsOptions co;
   co.path = *dataset;
@@ -161,12 +147,15 @@ int run_features(const std::vector<std::string>& argv) {
         throw ConfigError(*dataset + ": a token id is outside the model's vocabulary of " + std::to_string(vocab));
       LMInputs in;
       in.input_ids = batch->input_ids;
-      *code = SparseCode();
       fm.forward(in.to_inputs());
       const int64_t n = batch->input_ids.numel();
-      if (code->rows != n)
-        throw ShapeError("the dictionary at '" + splice.module + "' gave " + std::to_string(code->rows) +
-                         " rows of features for " + std::to_string(n) + " tokens (it needs one per token)");
+      auto codes = recorder.take_codes();
+      if (codes.size() != 1 || codes[0].rows != n)
+        throw ShapeError("the dictionary at '" + splice.module + "' gave " +
+                         (codes.size() == 1 ? std::to_string(codes[0].rows) + " rows of features"
+                                            : "features " + std::to_string(codes.size()) + " times") +
+                         " for " + std::to_string(n) + " tokens (it needs one row per token, once per forward)");
+      const SparseCode* code = &codes[0];
       const int64_t* ptr = code->indptr.const_data_ptr<int64_t>();
       const int64_t* idx = code->indices.const_data_ptr<int64_t>();
       const at::Tensor vals = code->values.to(at::kFloat).contiguous();

@@ -117,22 +117,6 @@ HookFunctionPtr patch(const std::string& spec, bool cached) {
   return edit_hook(name, patch_positions(tensor_from(name_file.second, name), cached, "--patch " + name));
 }
 
-/// "3,1" -> {3, 1}; UsageError naming the flag otherwise.
-std::vector<int64_t> expert_ids(const std::string& flag, const std::string& list) {
-  std::vector<int64_t> ids;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    const std::string item = list.substr(start, comma - start);
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end || v < 0) throw UsageError("option " + flag + ": '" + item + "' is not an expert index");
-    ids.push_back(v);
-    start = comma + 1;
-  }
-  return ids;
-}
-
 /// The sparse block BLOCK names (NotFoundError with close names, or saying it is not one).
 void require_moe_block(Module& model, const std::string& flag, const std::string& block) {
   model.get_submodule(block);
@@ -147,13 +131,13 @@ void require_moe_block(Module& model, const std::string& flag, const std::string
 HookFunctionPtr force(const std::string& spec, Module& model) {
   const auto [block, list] = split_eq("--force-experts", spec, "BLOCK=E1,E2,...");
   require_moe_block(model, "--force-experts", block);
-  return edit_hook(block + ".hook_selected_experts", force_experts(expert_ids("--force-experts", list)));
+  return edit_hook(block + ".hook_selected_experts", force_experts(parse_index_list("--force-experts", list, "an expert index")));
 }
 
 HookFunctionPtr ban(const std::string& spec, Module& model) {
   const auto [block, list] = split_eq("--ban-expert", spec, "BLOCK=E[,E...]");
   require_moe_block(model, "--ban-expert", block);
-  return edit_hook(block + ".gate", ban_experts(expert_ids("--ban-expert", list)));
+  return edit_hook(block + ".gate", ban_experts(parse_index_list("--ban-expert", list, "an expert index")));
 }
 
 HookFunctionPtr scale_expert(const std::string& spec) {

@@ -343,6 +343,21 @@ InputBatch read_input_ids(const std::string& path) {
 }
 
 
+std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text, const std::string& what) {
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end || v < 0) throw UsageError("option " + flag + ": '" + item + "' is not " + what);
+    ids.push_back(v);
+    start = comma + 1;
+  }
+  return ids;
+}
+
 // --- HTML pages ---------------------------------------------------------------------
 std::string html_escape(const std::string& s) {
   std::string out;

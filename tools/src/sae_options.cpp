@@ -70,20 +70,26 @@ int64_t parse_feature_width(const std::string& text) {
 }
 
 FeatureRecorder::FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width)
-    : module_(splice.module), width_(width), got_(std::make_shared<std::deque<StrongestFeatures>>()) {
+    : module_(splice.module), width_(width), got_(std::make_shared<std::deque<SparseCode>>()) {
   HookFunctionOptions o;
   o.save = false;
   auto got = got_;
-  o.editing_function = [got, width](Module&, const at::Tensor& acts, SaveContext&, TrainableModules&) {
-    got->push_back(strongest_features(sparse_code(acts.detach().to(at::kCPU)), width));
+  o.editing_function = [got](Module&, const at::Tensor& acts, SaveContext&, TrainableModules&) {
+    got->push_back(sparse_code(acts.detach().to(at::kCPU)));
     return acts;
   };
   fm.register_forward_hook(std::make_shared<HookFunction>(module_ + ".sae.hook_sae_acts_post", o));
 }
 
-std::vector<StrongestFeatures> FeatureRecorder::take() {
-  std::vector<StrongestFeatures> out(got_->begin(), got_->end());
+std::vector<SparseCode> FeatureRecorder::take_codes() {
+  std::vector<SparseCode> out(got_->begin(), got_->end());
   got_->clear();
+  return out;
+}
+
+std::vector<StrongestFeatures> FeatureRecorder::take() {
+  std::vector<StrongestFeatures> out;
+  for (const auto& code : take_codes()) out.push_back(strongest_features(code, width_));
   return out;
 }
 
