@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -95,6 +96,105 @@ SparseCode sparse_code(const at::Tensor& acts) {
     });
   });
   return c;
+}
+
+namespace {
+
+// Ranks candidates: larger value first, then lower index.
+struct Candidate {
+  float value;
+  int64_t index;
+  bool operator<(const Candidate& o) const { return value > o.value || (value == o.value && index < o.index); }
+};
+
+// Values per chunk whose maxima bound the k-th largest value from below: with
+// at least k chunks, the k-th largest chunk maximum is reached by >= k values.
+int64_t chunk_size(int64_t D, int64_t k) {
+  int64_t s = 64;
+  while (s > 1 && D / s < 4 * k) s /= 2;
+  return s;
+}
+
+// The k largest positive values of one row of D floats into `out`, by index.
+void top_k_row(const float* row, int64_t D, int64_t k, std::vector<float>& maxima, std::vector<Candidate>& out) {
+  out.clear();
+  const int64_t s = chunk_size(D, k), chunks = (D + s - 1) / s;
+  float threshold = 0.0f;  // only positive values survive the relu
+  if (chunks > k) {
+    maxima.resize(chunks);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* p = row + c * s;
+      const int64_t n = std::min(s, D - c * s);
+      float m = p[0];
+      for (int64_t j = 1; j < n; ++j) m = p[j] > m ? p[j] : m;
+      maxima[c] = m;
+    }
+    std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
+    threshold = std::max(threshold, maxima[k - 1]);
+  }
+  // Values strictly above zero and at least the threshold (every value when
+  // the threshold is zero is still bounded by D).
+  for (int64_t d = 0; d < D; ++d)
+    if (row[d] >= threshold && row[d] > 0.0f) out.push_back({row[d], d});
+  if (static_cast<int64_t>(out.size()) > k) {
+    std::nth_element(out.begin(), out.begin() + (k - 1), out.end());
+    out.resize(k);
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
+}
+
+}  // namespace
+
+SparseCode top_k_code(const at::Tensor& pre, int64_t k) {
+  if (pre.dim() < 1) throw ShapeError("top_k_code: pre-activations need at least one dim, got a scalar");
+  if (!pre.device().is_cpu() || pre.scalar_type() != at::kFloat)
+    throw ConfigError("top_k_code: pre-activations must be float32 on the CPU");
+  SparseCode c;
+  c.width = pre.size(-1);
+  if (k < 1 || k > c.width)
+    throw ConfigError("top_k_code: k = " + std::to_string(k) + " for rows of " + std::to_string(c.width) + " features");
+  const at::Tensor a = pre.reshape({-1, c.width}).contiguous();
+  c.rows = a.size(0);
+  const int64_t N = c.rows, D = c.width;
+  // Each row keeps at most k: fill fixed slots of k, then compact.
+  std::vector<int64_t> counts(N + 1, 0);
+  std::vector<int64_t> slot_idx(N * k);
+  std::vector<float> slot_val(N * k);
+  const float* p = a.const_data_ptr<float>();
+  at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> maxima;
+    std::vector<Candidate> got;
+    for (int64_t n = begin; n < end; ++n) {
+      top_k_row(p + n * D, D, k, maxima, got);
+      counts[n + 1] = static_cast<int64_t>(got.size());
+      for (size_t j = 0; j < got.size(); ++j) {
+        slot_idx[n * k + j] = got[j].index;
+        slot_val[n * k + j] = got[j].value;
+      }
+    }
+  });
+  std::vector<int64_t> lens(counts.begin() + 1, counts.end());
+  std::partial_sum(counts.begin(), counts.end(), counts.begin());
+  const int64_t nnz = counts[N];
+  c.indptr = at::tensor(counts, at::kLong);
+  c.indices = at::empty({nnz}, at::kLong);
+  c.values = at::empty({nnz}, at::kFloat);
+  int64_t* idx = c.indices.data_ptr<int64_t>();
+  float* val = c.values.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy_n(slot_idx.begin() + n * k, lens[n], idx + counts[n]);
+    std::copy_n(slot_val.begin() + n * k, lens[n], val + counts[n]);
+  }
+  return c;
+}
+
+at::Tensor densify(const SparseCode& code) {
+  at::Tensor out = at::zeros({code.rows, code.width}, code.values.options());
+  if (code.nnz() == 0) return out;
+  const at::Tensor rows = at::repeat_interleave(at::arange(code.rows, at::kLong),
+                                                code.indptr.narrow(0, 1, code.rows) - code.indptr.narrow(0, 0, code.rows));
+  out.index_put_({rows, code.indices}, code.values);
+  return out;
 }
 
 at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec) {

@@ -126,7 +126,7 @@ at::Tensor SparseDictionary::activate(const at::Tensor& s) {
   }
 }
 
-at::Tensor SparseDictionary::encode(const at::Tensor& x) {
+SparseDictionary::Features SparseDictionary::encode_features(const at::Tensor& x, bool want_dense, bool want_code) {
   if (cfg_.hook_z && x.dim() < 2)
     throw ShapeError(class_name() + ": a hook_z dictionary takes [..., heads, d_head], got " + std::to_string(x.dim()) +
                      " dims");
@@ -140,28 +140,88 @@ at::Tensor SparseDictionary::encode(const at::Tensor& x) {
                      std::to_string(cfg_.d_in));
   s = normalize(hook(hook_sae_input_, s));
   if (cfg_.apply_b_dec_to_input) s = s - b_dec;
-  return hook(hook_sae_acts_post_, activate(s));
+  Features f;
+  const bool graph = at::GradMode::is_enabled() && (W_enc.requires_grad() || s.requires_grad());
+  if (cfg_.architecture == SaeArchitecture::TopK && !cfg_.rescale_acts_by_decoder_norm && !graph &&
+      s.scalar_type() == at::kFloat && s.device().is_cpu()) {
+    // The k features go straight into a code: no dense topk, scatter and re-scan.
+    std::vector<int64_t> shape(s.sizes().begin(), s.sizes().end() - 1);
+    shape.push_back(cfg_.d_sae);
+    const at::Tensor h = hook(hook_sae_acts_pre_, at::addmm(b_enc, s.reshape({-1, cfg_.d_in}), W_enc).view(shape));
+    SparseCode code = top_k_code(h, cfg_.k);
+    if (!want_dense && !hooked(hook_sae_acts_post_)) {
+      f.code = std::move(code);
+      return f;
+    }
+    f.dense = densify(code).view(shape);
+    if (hooked(hook_sae_acts_post_)) {
+      f.dense = hook(hook_sae_acts_post_, f.dense);  // a hook may edit it: the code is re-read below
+    } else {
+      f.code = std::move(code);
+      return f;
+    }
+  } else {
+    f.dense = hook(hook_sae_acts_post_, activate(s));
+  }
+  if (want_code) f.code = sparse_code(f.dense.detach());
+  return f;
 }
 
-at::Tensor SparseDictionary::decode(const at::Tensor& acts) {
+bool SparseDictionary::hooked(const std::shared_ptr<Identity>& point) const {
+  return hooks_on_ && (point->num_registered_hooks() > 0 || point->model_hook());
+}
+
+bool SparseDictionary::hooked_inside() const {
+  return hooked(hook_sae_input_) || hooked(hook_sae_acts_pre_) || hooked(hook_sae_acts_post_) ||
+         hooked(hook_sae_recons_);
+}
+
+void SparseDictionary::notify(const Features& f) {
+  if (observers_->empty()) return;
+  const SparseCode code = f.code ? *f.code : sparse_code(f.dense.detach());
+  for (const auto& [id, fn] : *observers_) fn(code);
+}
+
+HookHandle SparseDictionary::on_features(std::function<void(const SparseCode&)> fn) {
+  const int64_t id = next_observer_++;
+  (*observers_)[id] = std::move(fn);
+  std::weak_ptr<Observers> observers = observers_;
+  return HookHandle([observers, id] {
+    if (auto o = observers.lock()) o->erase(id);
+  });
+}
+
+at::Tensor SparseDictionary::encode(const at::Tensor& x) { return encode_features(x, true, false).dense; }
+
+void SparseDictionary::observe(const at::Tensor& x) {
+  at::NoGradGuard no_grad;
+  notify(encode_features(x, false, !observers_->empty()));
+}
+
+at::Tensor SparseDictionary::decode(const at::Tensor& acts) { return decode_with(acts, nullptr); }
+
+at::Tensor SparseDictionary::decode_with(const at::Tensor& acts, const SparseCode* code) {
   if (acts.size(-1) != cfg_.d_sae)
     throw ShapeError(class_name() + ": feature activations have " + std::to_string(acts.size(-1)) +
                      " features, the dictionary d_sae " + std::to_string(cfg_.d_sae));
   at::Tensor f = acts.to(cfg_.dtype);
   // SAELens multiplies by the reciprocal of the norms (not a division: the bits differ).
-  if (cfg_.rescale_acts_by_decoder_norm) f = f * W_dec.norm(2, {-1}).reciprocal();
-  at::Tensor y = denormalize(hook(hook_sae_recons_, decode_product(f) + b_dec));
+  if (cfg_.rescale_acts_by_decoder_norm) {
+    f = f * W_dec.norm(2, {-1}).reciprocal();
+    code = nullptr;
+  }
+  at::Tensor y = denormalize(hook(hook_sae_recons_, decode_product(f, code) + b_dec));
   if (cfg_.hook_z && d_head_) y = y.unflatten(-1, {y.size(-1) / *d_head_, *d_head_});
   return y;
 }
 
-at::Tensor SparseDictionary::decode_product(const at::Tensor& f) {
+at::Tensor SparseDictionary::decode_product(const at::Tensor& f, const SparseCode* known) {
   // Codes are mostly zeros: gather the active decoder rows instead of the
   // dense product, unless autograd needs the graph or too many are active
   // for the gather to win.
   const bool graph = at::GradMode::is_enabled() && (W_dec.requires_grad() || f.requires_grad());
   if (!graph && f.device().is_cpu() && f.dim() >= 1 && f.numel() > 0) {
-    const SparseCode code = sparse_code(f);
+    const SparseCode code = known ? *known : sparse_code(f);
     if (code.nnz() * kDenseFraction <= f.numel()) {
       std::vector<int64_t> shape(f.sizes().begin(), f.sizes().end() - 1);
       shape.push_back(W_dec.size(1));
@@ -176,7 +236,8 @@ at::Tensor SparseDictionary::clean_output(const at::Tensor& x) {
   hooks_on_ = false;
   at::Tensor y;
   try {
-    y = decode(encode(x));
+    const Features f = encode_features(x, true, false);
+    y = decode_with(f.dense, f.code ? &*f.code : nullptr);
   } catch (...) {
     hooks_on_ = true;
     throw;
@@ -188,14 +249,18 @@ at::Tensor SparseDictionary::clean_output(const at::Tensor& x) {
 
 Value SparseDictionary::forward(Inputs inputs) {
   const at::Tensor x = inputs.tensor(0);
-  at::Tensor y = decode(encode(x));
+  const bool editable = hooked_inside();
+  const Features f = encode_features(x, true, !observers_->empty());
+  notify(f);
+  at::Tensor y = decode_with(f.dense, f.code ? &*f.code : nullptr);
   if (cfg_.transcoder()) {
     if (cfg_.has_skip()) y = y + at::matmul(x, W_skip.t());
     return y;
   }
   // The reconstruction error of the unedited dictionary, so that only edits
-  // made at the inner hooks change the output.
-  if (use_error_term) y = y + hook(hook_sae_error_, x - clean_output(x));
+  // made at the inner hooks change the output. Without hooks inside, this
+  // pass is the clean one.
+  if (use_error_term) y = y + hook(hook_sae_error_, x - (editable ? clean_output(x) : y.detach()));
   return hook(hook_sae_output_, y);
 }
 

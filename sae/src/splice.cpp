@@ -200,9 +200,12 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
                              "there can observe only (SpliceMode::Observe)");
     s.handles.push_back(attach_at(fm, in, [sae, mode, place](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
       check_width(sae->config(), x, place);
+      if (mode == SpliceMode::Observe) {
+        sae->observe(x);  // features only: nothing is decoded
+        return x;
+      }
       sae->use_error_term = mode == SpliceMode::ReplaceWithError;
-      const at::Tensor y = (*sae)(x);
-      return mode == SpliceMode::Observe ? x : y.to(x.scalar_type());
+      return (*sae)(x).to(x.scalar_type());
     }));
     return s;
   }
@@ -233,10 +236,15 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
         throw ShapeError("transcoder " + (sae->config().source.empty() ? sae->config().class_name() : "'" + sae->config().source + "'") +
                          " has d_out " + std::to_string(sae->config().d_out) + ", but '" + out_name +
                          "' gives activations of shape " + shape_text(y.sizes()));
+      if (mode == SpliceMode::Observe) {
+        sae->observe(x);
+        return y;
+      }
+      const bool edited = sae->hooked_inside();
       const at::Tensor t = (*sae)(x).to(y.scalar_type());
-      if (mode == SpliceMode::Observe) return y;
       if (mode == SpliceMode::Replace) return t;
-      return t + (y - sae->clean_output(x).to(y.scalar_type()));  // the error of the unedited transcoder
+      // The error of the unedited transcoder (this pass, when no hook inside could edit it).
+      return t + (y - (edited ? sae->clean_output(x).to(y.scalar_type()) : t.detach()));
     }));
   } catch (...) {
     s.remove();

@@ -135,3 +135,93 @@ TEST(SparseCode, DictionaryDecodeGathersAndEqualsTheDenseProduct) {
     EXPECT_LT(f.ne(0).sum().item<int64_t>() * 48, f.numel()) << "dense code: the gather was not exercised";
   }
 }
+
+// top_k_code against torch's topk + relu + scatter read back by sparse_code:
+// rows of every sign, k from 1 to the whole width (the chunk-maximum bound
+// and its fallback), leading dims, and 1 vs 2 threads.
+TEST(SparseCode, TopKCodeEqualsDenseTopKThenScan) {
+  at::manual_seed(11);
+  for (int64_t width : {7, 100, 1000, 4096}) {
+    for (int64_t k : {int64_t{1}, int64_t{5}, int64_t{32}, width / 2, width}) {
+      if (k < 1 || k > width) continue;
+      at::Tensor pre = at::randn({3, 13, width});
+      pre.select(1, 0).neg_().abs_().neg_();  // rows with no positive value
+      pre.select(1, 1).select(1, 0).fill_(1e3);  // one huge value
+      auto [v, i] = pre.topk(k, -1);
+      const at::Tensor dense = at::zeros_like(pre).scatter_(-1, i, at::relu(v));
+      const SparseCode want = sparse_code(dense);
+      SparseCode got1, got2;
+      {
+        flex_test::ThreadsGuard g(1);
+        got1 = top_k_code(pre, k);
+      }
+      {
+        flex_test::ThreadsGuard g(2);
+        got2 = top_k_code(pre, k);
+      }
+      const std::string what = "width " + std::to_string(width) + " k " + std::to_string(k);
+      EXPECT_EQ(got1.rows, 39) << what;
+      EXPECT_EQ(got1.width, width) << what;
+      EXPECT_TRUE(flex_test::equal(got1.indptr, want.indptr)) << what;
+      EXPECT_TRUE(flex_test::equal(got1.indices, want.indices)) << what;
+      EXPECT_TRUE(flex_test::equal(got1.values, want.values)) << what;
+      EXPECT_TRUE(flex_test::equal(got2.indices, got1.indices)) << what;
+      EXPECT_TRUE(flex_test::equal(densify(got1), dense.view({39, width}))) << what;
+    }
+  }
+  EXPECT_THROW(top_k_code(at::randn({2, 10}), 11), ConfigError);
+  EXPECT_THROW(top_k_code(at::randn({2, 10}).to(at::kDouble), 3), ConfigError);
+}
+
+// observe and on_features give the code of encode (the dense activations
+// scanned), for the TopK path that never makes them and for the others; a
+// hook editing hook_sae_acts_post shows in the code.
+TEST(SparseCode, ObservedFeaturesAreTheEncodedOnes) {
+  for (auto arch : {SaeArchitecture::TopK, SaeArchitecture::JumpReLU}) {
+    SaeConfig cfg;
+    cfg.architecture = arch;
+    cfg.d_in = cfg.d_out = 40;
+    cfg.d_sae = 600;
+    cfg.k = 9;
+    auto sae = std::make_shared<SparseDictionary>(cfg);
+    at::manual_seed(12);
+    {
+      at::NoGradGuard ng;
+      sae->set_tensor("W_enc", at::randn({40, 600}) * 0.2);
+      sae->set_tensor("b_enc", at::randn({600}) * 0.1);
+      sae->set_tensor("W_dec", at::randn({600, 40}) * 0.2);
+      if (cfg.jump()) sae->set_tensor("threshold", at::rand({600}) + 1.0);
+    }
+    at::NoGradGuard ng;
+    const at::Tensor x = at::randn({2, 7, 40});
+    std::vector<SparseCode> got;
+    HookHandle h = sae->on_features([&](const SparseCode& c) { got.push_back(c); });
+    sae->observe(x);
+    (*sae)(x);
+    const at::Tensor clean = sae->encode(x).reshape({-1, 600});
+    const SparseCode want = sparse_code(clean);
+    ASSERT_EQ(got.size(), 2u);
+    for (const auto& c : got) {
+      EXPECT_TRUE(flex_test::equal(c.indptr, want.indptr)) << sae->class_name();
+      EXPECT_TRUE(flex_test::equal(c.indices, want.indices)) << sae->class_name();
+      EXPECT_TRUE(flex_test::equal(c.values, want.values)) << sae->class_name();
+    }
+    // An edit at hook_sae_acts_post: feature 3 forced on everywhere.
+    auto hook = sae->get_submodule("hook_sae_acts_post")->register_forward_hook([](Module&, const Inputs&, Value& out) {
+      at::Tensor t = out.toTensor().clone();
+      t.select(-1, 3).fill_(5.0);
+      out = t;
+    });
+    got.clear();
+    sae->observe(x);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].indptr[1].item<int64_t>() - got[0].indptr[0].item<int64_t>(),
+              want.indptr[1].item<int64_t>() - want.indptr[0].item<int64_t>() +
+                  (clean[0][3].item<float>() == 0.0f ? 1 : 0));
+    hook.remove();
+    h.remove();
+    got.clear();
+    sae->observe(x);
+    EXPECT_TRUE(got.empty()) << "removed observer still called";
+  }
+}

@@ -178,13 +178,16 @@ std::vector<Splice> splice_saes(FlexModel& fm, const Args& args, SpliceMode fall
 /// --sae-features active|top:K -> width for strongest_features (0: active).
 int64_t parse_feature_width(const std::string& text);
 
-/// Each forward's features of one spliced dictionary, recorded by an editing
-/// function on its hook_sae_acts_post that leaves them unchanged. Keys of
+/// Each forward's features of one spliced dictionary (after the hooks on its
+/// hook_sae_acts_post), as SparseDictionary::on_features gives them. Keys of
 /// what capture stores: "<module>.sae.feature_indices" / "feature_values" / "l0".
 class FeatureRecorder {
  public:
   /// `width`: what take() keeps per token (strongest_features; 0: every active feature).
-  FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width = 0);
+  explicit FeatureRecorder(const Splice& splice, int64_t width = 0);
+  ~FeatureRecorder();
+  FeatureRecorder(const FeatureRecorder&) = delete;
+  FeatureRecorder& operator=(const FeatureRecorder&) = delete;
   /// The forwards recorded since the last take, oldest first, as codes [N tokens, d_sae].
   std::vector<SparseCode> take_codes();
   /// The same, each cut to `width` features per token.
@@ -196,6 +199,7 @@ class FeatureRecorder {
   std::string module_;
   int64_t width_;
   std::shared_ptr<std::deque<SparseCode>> got_;
+  HookHandle handle_;
 };
 
 // --- subcommands (each returns the exit code) ---------------------------------------

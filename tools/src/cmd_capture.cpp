@@ -206,7 +206,7 @@ int run_capture(const std::vector<std::string>& argv) {
   // Dictionaries first: their hook points (<module>.sae.hook_sae_*) are then --hook-able.
   const std::vector<Splice> splices = splice_saes(fm, args, SpliceMode::Observe);
   std::vector<std::unique_ptr<FeatureRecorder>> recorders;
-  for (const auto& sp : splices) recorders.push_back(std::make_unique<FeatureRecorder>(fm, sp, feature_width));
+  for (const auto& sp : splices) recorders.push_back(std::make_unique<FeatureRecorder>(sp, feature_width));
 
   std::vector<std::string> names;
   std::set<std::string> seen;

@@ -127,7 +127,7 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
                          "--sae-features top:K (l0 records how many were active)");
       width = c.k;
     }
-    auto rec = std::make_shared<FeatureRecorder>(fm, sp, width);
+    auto rec = std::make_shared<FeatureRecorder>(sp, width);
     recorders.push_back(rec);
     // Three columns per dictionary; the first take() of a forward fetches all three.
     auto pending = std::make_shared<std::optional<StrongestFeatures>>();

@@ -119,7 +119,7 @@ int run_features(const std::vector<std::string>& argv) {
   std::vector<int64_t> requested;
   if (auto f = args.get("--features")) requested = feature_list(*f, d_sae);
 
-  FeatureRecorder recorder(fm, splice);
+  FeatureRecorder recorder(splice);
 
   TokenContextsOptions co;
   co.path = *dataset;

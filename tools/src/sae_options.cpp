@@ -69,17 +69,13 @@ int64_t parse_feature_width(const std::string& text) {
   throw UsageError("option --sae-features: '" + text + "' is not 'active' or 'top:K' with K >= 1");
 }
 
-FeatureRecorder::FeatureRecorder(FlexModel& fm, const Splice& splice, int64_t width)
+FeatureRecorder::FeatureRecorder(const Splice& splice, int64_t width)
     : module_(splice.module), width_(width), got_(std::make_shared<std::deque<SparseCode>>()) {
-  HookFunctionOptions o;
-  o.save = false;
   auto got = got_;
-  o.editing_function = [got](Module&, const at::Tensor& acts, SaveContext&, TrainableModules&) {
-    got->push_back(sparse_code(acts.detach().to(at::kCPU)));
-    return acts;
-  };
-  fm.register_forward_hook(std::make_shared<HookFunction>(module_ + ".sae.hook_sae_acts_post", o));
+  handle_ = splice.sae->on_features([got](const SparseCode& code) { got->push_back(code); });
 }
+
+FeatureRecorder::~FeatureRecorder() { handle_.remove(); }
 
 std::vector<SparseCode> FeatureRecorder::take_codes() {
   std::vector<SparseCode> out(got_->begin(), got_->end());

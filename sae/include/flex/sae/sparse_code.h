@@ -26,6 +26,17 @@ struct SparseCode {
 /// row. Threads split the rows; the result does not depend on their number.
 SparseCode sparse_code(const at::Tensor& acts);
 
+/// The code of a TopK activation, relu(topk(pre, k)) scattered into zeros,
+/// without making it: per row of `pre` [..., d_sae] (float) its k largest
+/// values (ties: lower index first), of which the positive ones are kept. A
+/// row costs two passes over its values (chunk maxima give a threshold that
+/// at least k values reach; only those are ranked), against the dense
+/// topk + scatter + scan. Threads split the rows.
+SparseCode top_k_code(const at::Tensor& pre, int64_t k);
+
+/// The dense [rows, width] activations of a code (zeros elsewhere).
+at::Tensor densify(const SparseCode& code);
+
 /// sum_j values_j * W_dec[indices_j] per row: [N, d_out] in W_dec's dtype
 /// (float or double: others are computed in float). Each row adds its
 /// entries in index order, so the result does not depend on the thread count.

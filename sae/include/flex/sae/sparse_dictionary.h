@@ -11,7 +11,11 @@
 //   at::Tensor y = (*sae)(x);                  // decode(encode(x)) (+ error term)
 #include <flex/hooks/module.h>
 #include <flex/hooks/nn.h>
+#include <flex/hooks/handle.h>
 #include <flex/sae/sae_config.h>
+#include <flex/sae/sparse_code.h>
+
+#include <functional>
 
 #include <map>
 #include <memory>
@@ -43,6 +47,20 @@ class SparseDictionary : public Module {
   /// forward(x) of the unedited dictionary: no hooks, no error term, no graph
   /// (the reconstruction an error term is measured against).
   at::Tensor clean_output(const at::Tensor& x);
+  /// True when a hook on an inner point before the output (input, acts_pre,
+  /// acts_post, recons) could make forward differ from clean_output.
+  bool hooked_inside() const;
+
+  /// Observe mode's call: the features of x (their hooks fire, on_features
+  /// observers get the code), nothing decoded. A TopK dictionary selects its
+  /// k features straight into the code (flex/sae/sparse_code.h: top_k_code)
+  /// and makes the dense activations only if a hook on hook_sae_acts_post
+  /// needs them.
+  void observe(const at::Tensor& x);
+  /// Calls `fn` with the features ([N tokens, d_sae], after the hooks on
+  /// hook_sae_acts_post) of every forward and observe: how capture records
+  /// features without scanning a dense tensor. Remove with the handle.
+  HookHandle on_features(std::function<void(const SparseCode&)> fn);
 
   at::Tensor W_enc, W_dec, b_enc, b_dec, threshold, b_gate, b_mag, r_mag, W_skip;
 
@@ -54,12 +72,22 @@ class SparseDictionary : public Module {
   void load_parameters(const std::map<std::string, at::Tensor>& tensors, const std::string& where);
 
  private:
+  // encode's result: the dense activations and/or their sparse code, as asked.
+  struct Features {
+    at::Tensor dense;
+    std::optional<SparseCode> code;
+  };
+  Features encode_features(const at::Tensor& x, bool want_dense, bool want_code);
+  /// decode of `acts`, whose code is `code` when the caller has it.
+  at::Tensor decode_with(const at::Tensor& acts, const SparseCode* code);
+  void notify(const Features& f);
+  bool hooked(const std::shared_ptr<Identity>& point) const;
   at::Tensor hook(const std::shared_ptr<Identity>& point, const at::Tensor& t);
   at::Tensor normalize(const at::Tensor& x);
   at::Tensor denormalize(const at::Tensor& y) const;
   at::Tensor activate(const at::Tensor& s);
   /// acts x W_dec, as a gather of the active rows when the code is sparse.
-  at::Tensor decode_product(const at::Tensor& f);
+  at::Tensor decode_product(const at::Tensor& f, const SparseCode* code);
 
   SaeConfig cfg_;
   std::shared_ptr<Identity> hook_sae_input_, hook_sae_acts_pre_, hook_sae_acts_post_, hook_sae_recons_,
@@ -68,6 +96,9 @@ class SparseDictionary : public Module {
   // The last encode's normalisation statistics and hook_z head size.
   at::Tensor norm_scale_, norm_mean_, norm_std_;
   std::optional<int64_t> d_head_;
+  using Observers = std::map<int64_t, std::function<void(const SparseCode&)>>;
+  std::shared_ptr<Observers> observers_ = std::make_shared<Observers>();
+  int64_t next_observer_ = 0;
 };
 
 }  // namespace flex
