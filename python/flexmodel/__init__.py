@@ -30,8 +30,8 @@ _check_torch()
 
 from . import _C  # noqa: E402  (after the version check: a mismatched libtorch may not even load)
 from .errors import (  # noqa: E402,F401
-    ConfigError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError, ShapeError,
-    UnsupportedError)
+    ConfigError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError, NumericError,
+    ShapeError, UnsupportedError)
 from .modeling import Module, PreTrainedModel, from_pretrained  # noqa: E402,F401
 from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
 from .big_modeling import (  # noqa: E402,F401

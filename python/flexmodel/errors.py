@@ -37,5 +37,9 @@ class UnsupportedError(Error, NotImplementedError):
     """Something flexmodel does not do (the message says what instead)."""
 
 
+class NumericError(Error, ArithmeticError):
+    """A computation turned NaN or infinite (a diverging training run)."""
+
+
 class EditingFunctionError(Error, RuntimeError):
     """An editing function raised (its exception is the __cause__) or returned something other than a tensor."""

@@ -87,6 +87,8 @@ void bind_errors(py::module_& m) {
       raise("ConfigError", e.what());
     } catch (const UnsupportedError& e) {
       raise("UnsupportedError", e.what());
+    } catch (const NumericError& e) {
+      raise("NumericError", e.what());
     } catch (const Error& e) {
       raise("Error", e.what());
     }

@@ -246,6 +246,111 @@ at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec) {
   return native ? out : out.to(W_dec.scalar_type());
 }
 
+namespace {
+
+// Entries by feature (CSC order): col_ptr[f] .. col_ptr[f+1]-1 index `entry`
+// (the CSR entry) and `token` (its row); tokens ascend within a feature.
+struct ByFeature {
+  std::vector<int64_t> col_ptr, entry, token;
+};
+
+ByFeature by_feature(const SparseCode& code) {
+  ByFeature b;
+  const int64_t F = code.width, nnz = code.nnz();
+  const int64_t* ptr = code.indptr.const_data_ptr<int64_t>();
+  const int64_t* idx = code.indices.const_data_ptr<int64_t>();
+  b.col_ptr.assign(F + 1, 0);
+  for (int64_t j = 0; j < nnz; ++j) ++b.col_ptr[idx[j] + 1];
+  std::partial_sum(b.col_ptr.begin(), b.col_ptr.end(), b.col_ptr.begin());
+  b.entry.resize(nnz);
+  b.token.resize(nnz);
+  std::vector<int64_t> fill(b.col_ptr.begin(), b.col_ptr.end() - 1);
+  for (int64_t n = 0; n < code.rows; ++n)
+    for (int64_t j = ptr[n]; j < ptr[n + 1]; ++j) {
+      const int64_t at = fill[idx[j]]++;
+      b.entry[at] = j;
+      b.token[at] = n;
+    }
+  return b;
+}
+
+// A dot product in 16 lanes (each a fixed-order sum the compiler can keep in
+// one vector register), added up in lane order: the same bits every run.
+float dot(const float* __restrict__ x, const float* __restrict__ y, int64_t D) {
+  constexpr int64_t L = 16;
+  float lane[L] = {};
+  int64_t d = 0;
+  for (; d + L <= D; d += L)
+    for (int64_t l = 0; l < L; ++l) lane[l] += x[d + l] * y[d + l];
+  for (int64_t l = 0; d + l < D; ++l) lane[l] += x[d + l] * y[d + l];
+  float s = 0.0f;
+  for (int64_t l = 0; l < L; ++l) s += lane[l];
+  return s;
+}
+
+void check_float_2d(const at::Tensor& t, int64_t rows, const char* what, const char* fn) {
+  if (t.dim() != 2 || t.scalar_type() != at::kFloat || !t.is_contiguous() || (rows >= 0 && t.size(0) != rows))
+    throw ShapeError(std::string(fn) + ": " + what + " must be a contiguous float [" +
+                     (rows >= 0 ? std::to_string(rows) : std::string("n")) + ", D] tensor, got " +
+                     shape_text(t.sizes()) + " " + std::string(c10::toString(t.scalar_type())));
+}
+
+}  // namespace
+
+void add_code_t_dense_(at::Tensor& out, const SparseCode& code, const at::Tensor& dense, double alpha) {
+  check_float_2d(out, code.width, "out", "add_code_t_dense_");
+  check_float_2d(dense, code.rows, "dense", "add_code_t_dense_");
+  if (out.size(1) != dense.size(1))
+    throw ShapeError("add_code_t_dense_: out " + shape_text(out.sizes()) + " and dense " + shape_text(dense.sizes()));
+  if (code.nnz() == 0) return;
+  const ByFeature b = by_feature(code);
+  const at::Tensor v = code.values.to(at::kFloat).contiguous();
+  const float* val = v.const_data_ptr<float>();
+  const float* x = dense.const_data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t D = dense.size(1);
+  const float a = static_cast<float>(alpha);
+  at::parallel_for(0, code.width, 64, [&](int64_t f0, int64_t f1) {
+    for (int64_t f = f0; f < f1; ++f) {
+      float* __restrict__ row = o + f * D;
+      for (int64_t e = b.col_ptr[f]; e < b.col_ptr[f + 1]; ++e) {
+        const float w = a * val[b.entry[e]];
+        const float* __restrict__ xr = x + b.token[e] * D;
+        for (int64_t d = 0; d < D; ++d) row[d] += w * xr[d];
+      }
+    }
+  });
+}
+
+at::Tensor sampled_dots(const SparseCode& code, const at::Tensor& a, const at::Tensor& b) {
+  check_float_2d(a, code.rows, "a", "sampled_dots");
+  check_float_2d(b, code.width, "b", "sampled_dots");
+  if (a.size(1) != b.size(1))
+    throw ShapeError("sampled_dots: a " + shape_text(a.sizes()) + " and b " + shape_text(b.sizes()));
+  at::Tensor out = at::empty({code.nnz()}, at::kFloat);
+  const int64_t* ptr = code.indptr.const_data_ptr<int64_t>();
+  const int64_t* idx = code.indices.const_data_ptr<int64_t>();
+  const float* pa = a.const_data_ptr<float>();
+  const float* pb = b.const_data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t D = a.size(1);
+  at::parallel_for(0, code.rows, kRowGrain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t j = ptr[n]; j < ptr[n + 1]; ++j) {
+        o[j] = dot(pa + n * D, pb + idx[j] * D, D);
+      }
+  });
+  return out;
+}
+
+SparseCode with_values(const SparseCode& code, at::Tensor values) {
+  if (values.dim() != 1 || values.size(0) != code.nnz())
+    throw ShapeError("with_values: " + std::to_string(code.nnz()) + " entries, values " + shape_text(values.sizes()));
+  SparseCode c = code;
+  c.values = std::move(values);
+  return c;
+}
+
 StrongestFeatures strongest_features(const SparseCode& code, int64_t width) {
   if (width < 0) throw ConfigError("strongest_features: width must be >= 0, got " + std::to_string(width));
   const int64_t N = code.rows;

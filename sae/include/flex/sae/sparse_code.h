@@ -42,6 +42,19 @@ at::Tensor densify(const SparseCode& code);
 /// entries in index order, so the result does not depend on the thread count.
 at::Tensor decode_sparse(const SparseCode& code, const at::Tensor& W_dec);
 
+/// out[f] += alpha * sum over the code's entries (n, f, v) of v * dense[n]:
+/// code^T x dense into the [width, D] float `out`, touching only the rows of
+/// features in the code (the sparse gradient of a decoder or encoder).
+/// Threads split the features; each row sums its tokens in order.
+void add_code_t_dense_(at::Tensor& out, const SparseCode& code, const at::Tensor& dense, double alpha = 1.0);
+
+/// For each entry (n, f) of the code, in entry order, dot(a[n], b[f]):
+/// [nnz] float, the product a b^T sampled where the code is non-zero.
+at::Tensor sampled_dots(const SparseCode& code, const at::Tensor& a, const at::Tensor& b);
+
+/// A code of the same entries with other values ([nnz], any dtype).
+SparseCode with_values(const SparseCode& code, at::Tensor values);
+
 /// Fixed-width view of a code for storage: per row its `width` largest
 /// entries by value (ties: lower index first), descending; rows with fewer
 /// entries are padded with index -1 and value 0. l0 counts every non-zero

@@ -53,4 +53,10 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+/// A computation that turned NaN or infinite (a diverging training run).
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace flex
