@@ -208,6 +208,7 @@ int run_capture(const std::vector<std::string>& argv);
 /// capture --dataset (cmd_capture_dataset.cpp), after run_capture parsed the flags.
 int run_capture_dataset(const Args& args, const std::string& model_dir, const Ranks& ranks);
 int run_generate(const std::vector<std::string>& argv);
+int run_train_sae(const std::vector<std::string>& argv);
 int run_convert(const std::vector<std::string>& argv);
 int run_report(const std::vector<std::string>& argv);
 /// flexmodel features: a page of what a dictionary's features do on a corpus.

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -144,5 +146,84 @@ class SaeTrainer {
   at::Tensor since_fired_, fired_count_;
   int64_t tokens_seen_ = 0;
 };
+
+/// Where training batches come from, in an order fixed by the seed.
+class ActivationSource {
+ public:
+  virtual ~ActivationSource() = default;
+  /// Input width and (transcoders) output width.
+  virtual int64_t d_in() const = 0;
+  virtual int64_t d_out() const { return 0; }
+  /// The next `tokens` training rows: inputs [tokens, d_in] and, for a
+  /// transcoder, targets [tokens, d_out] (else undefined).
+  virtual std::pair<at::Tensor, at::Tensor> next(int64_t tokens) = 0;
+  /// Moves past `tokens` rows as next() would (a resumed run).
+  virtual void skip(int64_t tokens) = 0;
+  /// Rows never trained on, for the final evaluation (up to `tokens`).
+  virtual std::pair<at::Tensor, at::Tensor> held_out(int64_t tokens) = 0;
+  /// What the source is, for training.json (a resumed run must match).
+  virtual nlohmann::json describe() const = 0;
+};
+
+/// The shards of `flexmodel capture --dataset` (flex/datasets/activation_shards.h):
+/// each pass visits the shards in a seeded random order and each shard's
+/// rows in a seeded random order (memory: one mapped shard). The last
+/// `held_out_tokens` tokens of the dataset (in its own order) are never
+/// trained on. NotFoundError naming the dataset and its hooks for a missing hook.
+std::unique_ptr<ActivationSource> shard_source(const std::string& dir, const std::string& hook,
+                                               const std::string& hook_out, int64_t held_out_tokens, uint64_t seed);
+
+/// A training run: batches from a source, progress, metrics, checkpoints,
+/// the final dictionary and its evaluation, all in `out_dir`:
+///   training.json         the run's settings (a rerun with other settings is a ConfigError)
+///   metrics.jsonl         one JSON line per step: tokens, loss, mse, l0, explained variance, dead, lr, ...
+///   checkpoints/step-N/   cfg.json + sae_weights.safetensors (SAELens's layout) + trainer_state.*,
+///                         each written under a temporary name and renamed when complete
+///   cfg.json, sae_weights.safetensors   the final dictionary (loadable by sae_lens and flex::load_sae)
+///   eval.json, curves.svg the held-out evaluation and the training curves
+/// A rerun with the same settings continues from the last checkpoint: same
+/// data order, same optimizer state, the same final weights.
+struct SaeTrainRunOptions {
+  SaeTrainingOptions sae;
+  std::string out_dir;
+  int64_t batch_tokens = 4096;
+  int64_t total_tokens = 0;
+  /// 0: ten checkpoints over the run.
+  int64_t checkpoint_every_tokens = 0;
+  /// Held-out rows for the final evaluation (the source keeps them apart).
+  int64_t eval_tokens = 8192;
+  /// Rows read for the scaling factor and b_dec (the first ones of the data order).
+  int64_t init_tokens = 16384;
+};
+
+struct SaeTrainProgress {
+  TrainStepStats step;
+  int64_t tokens = 0, total_tokens = 0;
+  double tokens_per_second = 0, eta_seconds = 0;
+};
+
+/// The final dictionary on held-out rows.
+struct SaeEvaluation {
+  int64_t tokens = 0;
+  double mse = 0, explained_variance = 0, l0 = 0;
+  int64_t dead_latents = 0;   // never fired on the held-out rows
+  int64_t dense_latents = 0;  // fired on more than 10% of them
+  nlohmann::json to_json() const;
+};
+
+struct SaeTrainResult {
+  int64_t steps = 0, tokens = 0;
+  int64_t resumed_from_step = -1;  // -1: a fresh run
+  double tokens_per_second = 0;   // this process's training steps only
+  TrainStepStats last;
+  SaeEvaluation eval;
+  std::shared_ptr<SparseDictionary> dictionary;
+};
+
+SaeTrainResult train_sae(ActivationSource& source, const SaeTrainRunOptions& options,
+                         const std::function<void(const SaeTrainProgress&)>& on_progress = {});
+
+/// The dictionary's MSE, explained variance, L0, dead and dense latents on (x, y).
+SaeEvaluation evaluate_dictionary(SparseDictionary& sae, const at::Tensor& x, const at::Tensor& y = {});
 
 }  // namespace flex

@@ -1,0 +1,169 @@
+// flexmodel train-sae: a sparse autoencoder or transcoder trained on the
+// shards of `flexmodel capture --dataset` (flex/sae/trainer.h does the work;
+// this file maps flags to options and shows progress).
+#include "cli.h"
+
+#include <flex/datasets/activation_shards.h>
+#include <flex/hooks/errors.h>
+#include <flex/sae/trainer.h>
+
+#include <cstdio>
+#include <iostream>
+
+namespace flex::cli {
+
+namespace {
+
+const std::vector<Flag>& train_sae_flags() {
+  static const std::vector<Flag> flags = {
+      {"--activations", "DIR", "the activation dataset (flexmodel capture --dataset ... --stream-dir DIR)"},
+      {"--hook", "NAME", "the stored hook to train on (the transcoder's input)"},
+      {"--transcoder-out", "HOOK", "train a transcoder predicting this stored hook from --hook"},
+      {"--skip", "", "transcoders: add a linear skip connection x W_skip^T"},
+      {"--architecture", "A", "topk | batchtopk | jumprelu | standard"},
+      {"--d-sae", "N", "number of latents"},
+      {"--k", "K", "topk: latents per token; batchtopk: per token on average (default 64)"},
+      {"--l1", "C", "standard: L1 coefficient (default 5)"},
+      {"--l0-coefficient", "C", "jumprelu: L0 coefficient (default 1)"},
+      {"--lr", "LR", "Adam learning rate (default 3e-4)"},
+      {"--lr-warm-up-steps", "N", "linear warm-up (default 0)"},
+      {"--lr-decay-steps", "N", "linear decay to 0 over the last N steps (default 0)"},
+      {"--coefficient-warm-up-steps", "N", "sparsity coefficient ramp from 0 (default 0)"},
+      {"--batch-tokens", "B", "tokens per step (default 4096)"},
+      {"--total-tokens", "T", "training tokens"},
+      {"--out", "DIR", "output folder (a rerun with the same options continues its last checkpoint)"},
+      {"--seed", "S", "initialisation and data order (default 0)"},
+      {"--dtype", "f32|bf16", "encoder product precision (weights stay float32; default f32)"},
+      {"--dead-feature-window", "N", "steps without firing before a latent counts as dead (default 1000)"},
+      {"--b-dec-init", "mean|geometric-median|zeros", "decoder bias from the data (default mean)"},
+      {"--no-normalize", "", "train on the raw activations (default: scaled to norm sqrt(d_in) on average)"},
+      {"--checkpoint-every", "T", "tokens between checkpoints (default: a tenth of the run)"},
+      {"--eval-tokens", "N", "held-out tokens (the dataset's last) for the final evaluation (default 8192)"},
+      {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
+  };
+  return flags;
+}
+
+int64_t positive_int(const Args& args, const std::string& flag, int64_t fallback) {
+  const int64_t v = args.get_int(flag).value_or(fallback);
+  if (v < 1) throw UsageError("option " + flag + " must be at least 1");
+  return v;
+}
+
+int64_t non_negative_int(const Args& args, const std::string& flag, int64_t fallback) {
+  const int64_t v = args.get_int(flag).value_or(fallback);
+  if (v < 0) throw UsageError("option " + flag + " must be >= 0");
+  return v;
+}
+
+std::string required(const Args& args, const std::string& flag, const std::string& metavar) {
+  auto v = args.get(flag);
+  if (!v) throw UsageError("missing " + flag + " " + metavar);
+  return *v;
+}
+
+}  // namespace
+
+int run_train_sae(const std::vector<std::string>& argv) {
+  Args args("train-sae", train_sae_flags(), argv);
+  if (args.help()) {
+    std::cout << usage_text("train-sae", "--activations DIR --hook NAME --architecture A --d-sae N --total-tokens T --out DIR",
+                            train_sae_flags(),
+                            "Trains a sparse autoencoder (or, with --transcoder-out, a transcoder) on stored\n"
+                            "activations as sae-lens 6.54 does, and writes it in SAELens's format with\n"
+                            "metrics.jsonl, curves.svg and eval.json beside it.");
+    return 0;
+  }
+  set_log_level(args.get("--log-level"));
+  if (!args.positionals().empty()) throw UsageError("train-sae takes no positional argument");
+  SaeTrainRunOptions o;
+  SaeTrainingOptions& s = o.sae;
+  const std::string dir = required(args, "--activations", "DIR");
+  const std::string hook = required(args, "--hook", "NAME");
+  const std::string out = required(args, "--out", "DIR");
+  try {
+    s.architecture = parse_train_architecture(required(args, "--architecture", "topk|batchtopk|jumprelu|standard"));
+  } catch (const ConfigError& e) {
+    throw UsageError(std::string("option --architecture: ") + e.what());
+  }
+  s.d_sae = positive_int(args, "--d-sae", 0);
+  if (!args.has("--d-sae")) throw UsageError("missing --d-sae N");
+  if (auto k = args.get_double("--k")) s.k = *k;
+  if (args.has("--l1") && s.architecture != TrainArchitecture::Standard)
+    throw UsageError("option --l1 is for --architecture standard");
+  if (args.has("--l0-coefficient") && s.architecture != TrainArchitecture::JumpReLU)
+    throw UsageError("option --l0-coefficient is for --architecture jumprelu");
+  if (args.has("--k") && s.architecture != TrainArchitecture::TopK && s.architecture != TrainArchitecture::BatchTopK)
+    throw UsageError("option --k is for --architecture topk or batchtopk");
+  if (auto v = args.get_double("--l1")) s.l1_coefficient = *v;
+  if (auto v = args.get_double("--l0-coefficient")) s.l0_coefficient = *v;
+  if (auto v = args.get_double("--lr")) s.lr = *v;
+  if (!(s.lr > 0)) throw UsageError("option --lr must be positive");
+  s.lr_warm_up_steps = non_negative_int(args, "--lr-warm-up-steps", 0);
+  s.lr_decay_steps = non_negative_int(args, "--lr-decay-steps", 0);
+  s.coefficient_warm_up_steps = non_negative_int(args, "--coefficient-warm-up-steps", 0);
+  s.dead_feature_window = non_negative_int(args, "--dead-feature-window", 1000);
+  s.seed = static_cast<uint64_t>(non_negative_int(args, "--seed", 0));
+  s.normalize_activations = !args.has("--no-normalize");
+  if (auto d = args.get("--dtype")) {
+    if (*d == "bf16" || *d == "bfloat16") s.bf16_encoder = true;
+    else if (*d != "f32" && *d != "float32") throw UsageError("option --dtype: '" + *d + "' is not f32 or bf16");
+  }
+  if (auto b = args.get("--b-dec-init")) {
+    if (*b == "mean") s.b_dec_init = BDecInit::Mean;
+    else if (*b == "geometric-median") s.b_dec_init = BDecInit::GeometricMedian;
+    else if (*b == "zeros") s.b_dec_init = BDecInit::Zeros;
+    else throw UsageError("option --b-dec-init: '" + *b + "' is not mean, geometric-median or zeros");
+  }
+  const std::string hook_out = args.get("--transcoder-out").value_or("");
+  s.transcoder = !hook_out.empty();
+  s.skip_connection = args.has("--skip");
+  if (s.skip_connection && !s.transcoder) throw UsageError("option --skip needs --transcoder-out");
+  s.hook_name = hook;
+  s.hook_name_out = hook_out;
+  o.out_dir = out;
+  o.batch_tokens = positive_int(args, "--batch-tokens", 4096);
+  if (!args.has("--total-tokens")) throw UsageError("missing --total-tokens T");
+  o.total_tokens = positive_int(args, "--total-tokens", 0);
+  o.checkpoint_every_tokens = non_negative_int(args, "--checkpoint-every", 0);
+  o.eval_tokens = non_negative_int(args, "--eval-tokens", 8192);
+  o.init_tokens = std::max<int64_t>(o.batch_tokens, 16384);
+
+  auto source = shard_source(dir, hook, hook_out, o.eval_tokens, s.seed);
+  // The dataset's record of where its activations came from goes into cfg.json.
+  const nlohmann::json& made = ActivationDataset(dir).settings();
+  if (made.contains("model") && made.at("model").is_string()) s.model_name = made.at("model").get<std::string>();
+  if (made.contains("context_len") && made.at("context_len").is_number_integer())
+    s.context_size = made.at("context_len").get<int64_t>();
+  Progress bar("train-sae", o.total_tokens / o.batch_tokens * o.batch_tokens, "tokens");
+  int64_t last_line_step = 0;
+  auto on_progress = [&](const SaeTrainProgress& p) {
+    bar.set(p.tokens, static_cast<double>(p.tokens) / std::max<int64_t>(1, p.total_tokens));
+    if (log_level() >= LogLevel::Info || p.step.step - last_line_step >= 50 || p.tokens == p.total_tokens) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "step %lld  tokens %lld/%lld  loss %.5g  mse %.5g  L0 %.1f  explained variance %.4f  dead %.3f  "
+                    "%.0f tokens/s  ETA %.0f s",
+                    static_cast<long long>(p.step.step), static_cast<long long>(p.tokens),
+                    static_cast<long long>(p.total_tokens), p.step.loss, p.step.mse, p.step.l0,
+                    p.step.explained_variance, static_cast<double>(p.step.dead) / s.d_sae, p.tokens_per_second,
+                    p.eta_seconds);
+      log(LogLevel::Info, line);
+      last_line_step = p.step.step;
+    }
+  };
+  const SaeTrainResult r = train_sae(*source, o, on_progress);
+  char summary[512];
+  std::snprintf(summary, sizeof summary,
+                "flexmodel: trained %s %lld latents on %lld tokens%s: %.0f tokens/s; held-out %lld tokens: explained "
+                "variance %.4f, MSE %.5g, L0 %.1f, dead %lld, dense %lld; %s\n",
+                to_string(s.architecture).c_str(), static_cast<long long>(s.d_sae), static_cast<long long>(r.tokens),
+                r.resumed_from_step >= 0 ? (" (resumed at step " + std::to_string(r.resumed_from_step) + ")").c_str() : "",
+                r.tokens_per_second, static_cast<long long>(r.eval.tokens), r.eval.explained_variance, r.eval.mse,
+                r.eval.l0, static_cast<long long>(r.eval.dead_latents), static_cast<long long>(r.eval.dense_latents),
+                out.c_str());
+  std::fputs(summary, stderr);
+  return 0;
+}
+
+}  // namespace flex::cli
