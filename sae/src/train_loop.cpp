@@ -104,24 +104,29 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints(const fs::path& dir) {
   return out;
 }
 
-void write_dictionary(const SaeTrainer& tr, const fs::path& dir) {
-  const auto sae = tr.dictionary();
+void write_dictionary(const SaeTrainer& tr, SparseDictionary& sae, const fs::path& dir) {
   std::vector<std::pair<std::string, at::Tensor>> t;
-  for (const auto& kv : sae->named_parameters(/*recurse=*/false)) t.push_back({kv.key(), kv.value().detach()});
+  for (const auto& kv : sae.named_parameters(/*recurse=*/false)) t.push_back({kv.key(), kv.value().detach()});
   save_safetensors((dir / "sae_weights.safetensors").string(), t);
   write_file_atomic((dir / "cfg.json").string(), tr.saelens_config().dump());
 }
 
-void write_checkpoint(const SaeTrainer& tr, const fs::path& root, int64_t step) {
+void write_checkpoint(const SaeTrainer& tr, SparseDictionary& sae, const fs::path& root, int64_t step) {
   const fs::path tmp = root / (".tmp-step-" + std::to_string(step));
   const fs::path done = root / ("step-" + std::to_string(step));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  write_dictionary(tr, tmp);
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& [k, v] : tr.state_tensors()) state.push_back({k, v});
-  save_safetensors((tmp / "trainer_state.safetensors").string(), state);
-  write_file_atomic((tmp / "trainer_state.json").string(), tr.state_json().dump(2));
+  try {
+    write_dictionary(tr, sae, tmp);
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const auto& [k, v] : tr.state_tensors()) state.push_back({k, v});
+    save_safetensors((tmp / "trainer_state.safetensors").string(), state);
+    write_file_atomic((tmp / "trainer_state.json").string(), tr.state_json().dump(2));
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a full disk leaves no half checkpoint
+    throw;
+  }
   fs::remove_all(done);
   fs::rename(tmp, done);
   for (const auto& [s, p] : checkpoints(root))
@@ -258,8 +263,18 @@ SaeTrainResult train_sae(ActivationSource& source, const SaeTrainRunOptions& o,
     result.tokens_per_second = p.tokens_per_second;
     if (on_progress) on_progress(p);
     if (st.step % every == 0 || st.step == steps_total) {
+      // A step may leave the weights non-finite before any loss shows it: never checkpoint those.
+      std::shared_ptr<SparseDictionary> dict;
       try {
-        write_checkpoint(tr, ckdir, st.step);
+        dict = tr.dictionary();  // checks every folded weight is finite
+      } catch (const FileFormatError& e) {
+        const auto kept = checkpoints(ckdir);
+        throw NumericError("sae training: the weights turned NaN or infinite at step " + std::to_string(st.step) +
+                           " (learning rate " + std::to_string(st.lr) + "); training stopped, the last good checkpoint is " +
+                           (kept.empty() ? std::string("none") : kept.back().second.string()));
+      }
+      try {
+        write_checkpoint(tr, *dict, ckdir, st.step);
       } catch (const fs::filesystem_error& e) {
         throw IOError("cannot write a checkpoint under '" + ckdir.string() + "': " + e.code().message());
       }
@@ -268,8 +283,8 @@ SaeTrainResult train_sae(ActivationSource& source, const SaeTrainRunOptions& o,
   mf.close();
   result.steps = tr.steps();
   result.tokens = tr.steps() * o.batch_tokens;
-  write_dictionary(tr, out);
   result.dictionary = tr.dictionary();
+  write_dictionary(tr, *result.dictionary, out);
   auto [hx, hy] = source.held_out(o.eval_tokens);
   result.eval = evaluate_dictionary(*result.dictionary, hx, hy);
   nlohmann::json ev = result.eval.to_json();

@@ -1,6 +1,10 @@
 #pragma once
 // Running the flexmodel executable from a test: exit code, stdout, stderr.
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <fstream>
@@ -50,5 +54,33 @@ inline int count_lines(const std::string& s) {
   for (char c : s) n += c == '\n';
   return n;
 }
+
+/// Starts `flexmodel ARGS...` (stdout to /dev/null, stderr to `err`) without
+/// waiting: for tests that kill it. fork is followed by exec at once.
+inline pid_t spawn_flexmodel(const std::vector<std::string>& args, const std::string& err) {
+  std::vector<std::string> argv = {FLEXMODEL_EXE};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_t pid = ::fork();  // exec follows at once: no libtorch code runs in the child
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY), e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(null, 1);
+    ::dup2(e, 2);
+    std::vector<char*> p;
+    for (auto& a : argv) p.push_back(a.data());
+    p.push_back(nullptr);
+    ::execv(p[0], p.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// waitpid, retried on EINTR; the raw status.
+inline int wait_for(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return st;
+}
+
 
 }  // namespace cli_test

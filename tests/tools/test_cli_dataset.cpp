@@ -304,33 +304,6 @@ TEST(CliDataset, MistakesAreTypedErrors) {
 
 // --- killed and resumed ------------------------------------------------------------------
 
-namespace {
-
-pid_t spawn_flexmodel(const std::vector<std::string>& args, const std::string& err) {
-  std::vector<std::string> argv = {FLEXMODEL_EXE};
-  argv.insert(argv.end(), args.begin(), args.end());
-  pid_t pid = ::fork();  // exec follows at once: no libtorch code runs in the child
-  if (pid == 0) {
-    int null = ::open("/dev/null", O_WRONLY), e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null, 1);
-    ::dup2(e, 2);
-    std::vector<char*> p;
-    for (auto& a : argv) p.push_back(a.data());
-    p.push_back(nullptr);
-    ::execv(p[0], p.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_for(pid_t pid) {
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return st;
-}
-
-}  // namespace
 
 TEST(CliDataset, KilledAtRandomMomentsResumesToTheUninterruptedDataset) {
   flex_test::TempDir tmp;
@@ -350,11 +323,11 @@ TEST(CliDataset, KilledAtRandomMomentsResumesToTheUninterruptedDataset) {
   std::vector<int64_t> progress;
   int killed = 0;
   for (int k = 0; k < 4; ++k) {
-    const pid_t pid = spawn_flexmodel(args(tmp.str("killed")), tmp.str("err.txt"));
+    const pid_t pid = cli_test::spawn_flexmodel(args(tmp.str("killed")), tmp.str("err.txt"));
     // Between a tenth and a quarter of a whole run: four kills cannot add up to one.
     std::this_thread::sleep_for(std::chrono::milliseconds(run_ms / 10 + static_cast<int>(rng() % (run_ms / 7 + 1))));
     ::kill(pid, SIGKILL);
-    const int st = wait_for(pid);
+    const int st = cli_test::wait_for(pid);
     if (WIFSIGNALED(st)) ++killed;
     else ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << cli_test::slurp(tmp.str("err.txt"));
     if (fs::exists(tmp.str("killed/dataset.json"))) progress.push_back(flex::ActivationDataset(tmp.str("killed")).num_contexts());
