@@ -362,7 +362,9 @@ def flex_command(arch, a, ddir, out):
     elif arch == "standard":
         cmd += ["--l1", str(L1_COEFFICIENT)]
     cmd += ["--lr", str(a.lr), "--batch-tokens", str(a.batch_tokens), "--total-tokens", str(a.tokens),
-            "--out", str(out), "--seed", str(a.seed), "--eval-tokens", "0"]
+            "--out", str(out), "--seed", str(a.seed), "--eval-tokens", "0",
+            # One checkpoint, at the end (after the rate is taken): SAELens writes none in its loop.
+            "--checkpoint-every", str(a.tokens)]
     return cmd
 
 

@@ -149,9 +149,12 @@ struct SaeTrainer::Forward {
   at::Tensor pre;       // SAELens's hidden_pre (TopK: rescaled by the decoder norms)
   at::Tensor h;         // encoder output before any rescaling
   at::Tensor norms;     // decoder row norms (TopK rescaling, standard L1)
-  SparseCode code;      // active features; values: the activations
+  SparseCode code;      // active features; values: the activations (sparse mode)
+  at::Tensor acts;      // [N, d_sae] the activations (dense mode: JumpReLU / standard with many active)
+  at::Tensor fired;     // [d_sae] int64 tokens each latent fired on
+  int64_t nnz = 0;
   at::Tensor coef;      // [nnz] what multiplies each decoder row (activation / norm when rescaled)
-  bool dense = false;   // too many active: dense products
+  bool dense = false;   // too many active for sparse products (JumpReLU / standard): acts holds them
   at::Tensor out;       // [N, d_out]
   SparseCode aux;       // AuxK entries (values: raw pre-activations / norm)
   double aux_scale = 0;
@@ -312,17 +315,35 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
     f.norms = W_dec.norm(2, {1});
     const at::Tensor acts =
         arch == TrainArchitecture::JumpReLU ? f.h * f.h.gt(threshold) : at::relu(f.h);
-    f.code = sparse_code(acts);
-    f.coef = f.code.values;
+    const at::Tensor on = acts.ne(0);
+    f.fired = on.sum(0);
+    f.nnz = f.fired.sum().item<int64_t>();
+    f.dense = f.nnz * kDenseFraction > acts.numel();
+    if (f.dense) {
+      f.acts = acts;  // too many active for sparse products: everything below is dense
+    } else {
+      f.code = sparse_code(acts);
+      f.coef = f.code.values;
+    }
   }
-  f.dense = f.code.nnz() * kDenseFraction > f.code.rows * f.code.width;
-  f.out = (f.dense ? at::mm(densify(with_values(f.code, f.coef)), W_dec) : decode_sparse(with_values(f.code, f.coef), W_dec)) + b_dec;
+  if (!f.dense || top_k_like(arch)) {
+    f.fired = at::zeros({o_.d_sae}, at::kLong).index_add_(0, f.code.indices, at::ones_like(f.code.indices));
+    f.nnz = f.code.nnz();
+  }
+  if (f.acts.defined()) {
+    f.out = at::addmm(b_dec, f.acts, W_dec);
+  } else {
+    const SparseCode c = with_values(f.code, f.coef);
+    f.out = (f.code.nnz() * kDenseFraction > N * o_.d_sae ? at::mm(densify(c), W_dec) : decode_sparse(c, W_dec)) + b_dec;
+  }
   if (o_.skip_connection) f.out = f.out + at::mm(s, W_skip.t());
   f.mse = (f.out - t).pow(2).sum().item<double>() / N;
   if (arch == TrainArchitecture::Standard)
-    f.sparsity = coefficient() * (f.code.values * f.norms.index_select(0, f.code.indices)).sum().item<double>() / N;
+    f.sparsity = coefficient() *
+                 (f.acts.defined() ? at::mv(f.acts, f.norms).sum() : (f.code.values * f.norms.index_select(0, f.code.indices)).sum())
+                     .item<double>() / N;
   else if (arch == TrainArchitecture::JumpReLU)
-    f.sparsity = coefficient() * static_cast<double>(f.code.nnz()) / N;
+    f.sparsity = coefficient() * static_cast<double>(f.nnz) / N;
   if (top_k_like(arch)) {
     const at::Tensor dead_idx = at::nonzero(dead_mask()).flatten();
     const int64_t num_dead = dead_idx.numel();
@@ -358,19 +379,35 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   // dL/d(coefficient) at the active entries: go . W_dec[f].
   at::Tensor Q;  // dense [N, d_sae] when needed
   if (!top_k_like(arch)) Q = at::mm(go, W_dec.t());
-  const SparseCode coded = with_values(f.code, f.coef);
-  if (f.dense) {
-    dW_dec += at::mm(densify(coded).t(), go);
-  } else {
-    add_code_t_dense_(dW_dec, coded, go);
+  const double c = coefficient();
+  if (f.acts.defined()) {
+    // Dense mode: the same formulas as below on whole [N, d_sae] tensors.
+    at::Tensor dH;
+    if (arch == TrainArchitecture::Standard) {
+      dH = (Q + (c / N) * f.norms) * f.h.gt(0);
+      dW_dec = at::mm(f.acts.t(), go) + W_dec * ((c / N) * f.acts.sum(0) / f.norms).unsqueeze(1);
+      g.threshold = at::Tensor();
+    } else {
+      const double bw = o_.jumprelu_bandwidth;
+      const at::Tensor u = (f.h - threshold) / bw;
+      const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
+      g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
+      dH = Q * f.h.gt(threshold);
+      dW_dec = at::mm(f.acts.t(), go);
+    }
+    g.W_enc = at::mm(f.sin.t(), dH);
+    g.b_enc = dH.sum(0);
+    if (!o_.transcoder) g.b_dec = g.b_dec - at::mv(W_encT.t(), g.b_enc);
+    g.W_dec = dW_dec;
+    return g;
   }
+  add_code_t_dense_(dW_dec, with_values(f.code, f.coef), go);
   const at::Tensor rows = entry_rows(f.code);
   const at::Tensor q = Q.defined() ? Q.index({rows, f.code.indices}) : sampled_dots(f.code, go, W_dec);
   // dL/dh at the active entries. TopK: the activation over the norm is relu(h)
   // itself, so the norms' gradients through selection and decode cancel.
   at::Tensor dh = q;
   g.threshold = at::zeros_like(threshold);
-  const double c = coefficient();
   if (arch == TrainArchitecture::Standard) {
     // L1 of acts x ||W_dec[f]||: d/dacts = c/N ||W_dec[f]||; d/dW_dec[f] = c/N (sum_n acts) W_dec[f] / ||W_dec[f]||.
     dh = q + (c / N) * f.norms.index_select(0, f.code.indices);
@@ -386,11 +423,7 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
     g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
   }
   SparseCode dcode = with_values(f.code, dh.contiguous());
-  if (f.dense) {
-    dW_encT += at::mm(densify(dcode).t(), f.sin);
-  } else {
-    add_code_t_dense_(dW_encT, dcode, f.sin);
-  }
+  add_code_t_dense_(dW_encT, dcode, f.sin);
   g.b_enc = column_sums(f.code, dcode.values);
   if (f.aux.nnz() > 0) {
     const at::Tensor recons = decode_sparse(f.aux, W_dec);
@@ -429,7 +462,7 @@ TrainStepStats SaeTrainer::step(const at::Tensor& x, const at::Tensor& y) {
   st.sparsity_loss = f.sparsity;
   st.aux_loss = f.aux_loss;
   st.loss = g.loss;
-  st.l0 = static_cast<double>(f.code.nnz()) / N;
+  st.l0 = static_cast<double>(f.nnz) / N;
   const double total_var = (t - t.mean(0)).pow(2).sum().item<double>() / N;
   st.explained_variance = 1.0 - f.mse / total_var;
   st.dead = dead_mask().sum().item<int64_t>();
@@ -438,11 +471,10 @@ TrainStepStats SaeTrainer::step(const at::Tensor& x, const at::Tensor& y) {
     throw NumericError("sae training: the loss is " + std::to_string(st.loss) + " at step " + std::to_string(step_) +
                        " (learning rate " + std::to_string(st.lr) + ")");
   // Dead-latent counts: steps since each latent fired in a batch.
-  const at::Tensor fired = at::zeros({o_.d_sae}, at::kLong).index_add_(0, f.code.indices, at::ones_like(f.code.indices));
-  since_fired_.add_(1).masked_fill_(fired.gt(0), 0);
-  fired_count_.add_(fired);
+  since_fired_.add_(1).masked_fill_(f.fired.gt(0), 0);
+  fired_count_.add_(f.fired);
   tokens_seen_ += N;
-  if (o_.architecture == TrainArchitecture::BatchTopK && f.code.nnz() > 0) {
+  if (o_.architecture == TrainArchitecture::BatchTopK && f.nnz > 0) {
     const double min_positive = f.code.values.min().item<double>();
     topk_threshold = (1.0 - o_.topk_threshold_lr) * topk_threshold + o_.topk_threshold_lr * min_positive;
   }

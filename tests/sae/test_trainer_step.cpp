@@ -20,6 +20,7 @@ namespace {
 
 struct Reference {
   double loss = 0, mse = 0, sparsity = 0, aux = 0;
+  double active_fraction = 0;  // of the activations' entries
   std::map<std::string, at::Tensor> grads;  // by state name (W_encT, b_enc, ...)
 };
 
@@ -98,6 +99,7 @@ Reference reference(SaeTrainer& tr, const at::Tensor& x, const at::Tensor& y) {
   r.mse = mse.item<double>();
   r.sparsity = sparsity.item<double>();
   r.aux = aux.item<double>();
+  r.active_fraction = acts.ne(0).to(at::kDouble).mean().item<double>();
   for (auto& [name, t] : p)
     r.grads[name] = t.grad().defined() ? t.grad() : at::zeros_like(t);
   return r;
@@ -124,7 +126,9 @@ SaeTrainingOptions options(TrainArchitecture a, bool transcoder = false) {
   return o;
 }
 
-void check_step(SaeTrainingOptions o) {
+// shift: added to b_enc before the checked step, so that few latents fire
+// and JumpReLU / standard take their sparse products instead of dense ones.
+void check_step(SaeTrainingOptions o, double shift = 0) {
   const std::string what = to_string(o.architecture) + (o.transcoder ? " transcoder" : "");
   at::manual_seed(21);
   const int64_t N = 40;
@@ -138,7 +142,16 @@ void check_step(SaeTrainingOptions o) {
   tr.initialize(x0, y0);
   tr.step(x0, y0);  // so the second step has Adam moments, dead latents and a warmed-up coefficient
   auto [x, y] = data();
+  if (shift != 0) {
+    auto st = tr.state_tensors();
+    st["b_enc"] = st["b_enc"] + shift;
+    tr.load_state(st, tr.state_json(), "test");
+  }
   const Reference want = reference(tr, x, y);
+  if (shift != 0) {
+    EXPECT_GT(want.active_fraction, 0) << what;
+    EXPECT_LT(want.active_fraction, 1.0 / 48) << what << ": the sparse products are not exercised";
+  }
   const TrainGradients got = tr.gradients(x, y);
   EXPECT_NEAR(got.mse, want.mse, 1e-5 * std::abs(want.mse)) << what;
   EXPECT_NEAR(got.sparsity_loss, want.sparsity, 1e-5 * std::abs(want.sparsity) + 1e-9) << what;
@@ -182,6 +195,8 @@ TEST(SaeTrainerStep, TopKEqualsFloat64Autograd) { check_step(options(TrainArchit
 TEST(SaeTrainerStep, BatchTopKEqualsFloat64Autograd) { check_step(options(TrainArchitecture::BatchTopK)); }
 TEST(SaeTrainerStep, JumpReLUEqualsFloat64Autograd) { check_step(options(TrainArchitecture::JumpReLU)); }
 TEST(SaeTrainerStep, StandardEqualsFloat64Autograd) { check_step(options(TrainArchitecture::Standard)); }
+TEST(SaeTrainerStep, SparseJumpReLUEqualsFloat64Autograd) { check_step(options(TrainArchitecture::JumpReLU), -0.22); }
+TEST(SaeTrainerStep, SparseStandardEqualsFloat64Autograd) { check_step(options(TrainArchitecture::Standard), -0.22); }
 TEST(SaeTrainerStep, TopKWithoutRescalingEqualsFloat64Autograd) {
   auto o = options(TrainArchitecture::TopK);
   o.rescale_acts_by_decoder_norm = false;
