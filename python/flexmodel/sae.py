@@ -44,6 +44,24 @@ def splice_sae(flex_model, sae, mode="replace", hook_name=None, hook_name_out=No
     return _C.sae.splice_sae(flex_model._engine, sae, mode, hook_name or "", hook_name_out or "")
 
 
+def train_sae(activations, hook, architecture, d_sae, out, *, total_tokens, transcoder_out=None, skip=False, k=None,
+              l1=None, l0_coefficient=None, lr=3e-4, batch_tokens=4096, seed=0, dtype="float32",
+              checkpoint_every=0, eval_tokens=8192, normalize=True, dead_feature_window=1000):
+    """Trains a dictionary on an activation dataset (``flexmodel capture --dataset``), as
+    ``flexmodel train-sae`` does (the same C++): architecture "topk", "batchtopk", "jumprelu" or
+    "standard"; ``transcoder_out`` trains a transcoder to that stored hook. Writes SAELens's format,
+    metrics.jsonl, curves.svg, eval.json and checkpoints to ``out`` (a rerun continues the last
+    checkpoint). Returns a dict: steps, tokens, tokens_per_second, the held-out explained_variance,
+    mse, l0, dead_latents, dense_latents, and "sae" (the trained SparseDictionary)."""
+    if str(dtype).replace("torch.", "") not in ("float32", "f32", "bfloat16", "bf16"):
+        from .errors import ConfigError
+        raise ConfigError(f"train_sae: dtype {dtype!r} is not float32 or bfloat16")
+    return _C.sae.train_sae(str(activations), hook, architecture, int(d_sae), str(out), transcoder_out or "", skip, k,
+                            l1, l0_coefficient, float(lr), int(batch_tokens), int(total_tokens), int(seed),
+                            "bf" in str(dtype), int(checkpoint_every), int(eval_tokens), normalize,
+                            int(dead_feature_window))
+
+
 def resolve_hook_name(model, hook_name):
     """(module name, reads the input?, normalised?) of a TransformerLens hook name in ``model``,
     holding what TransformerLens 4.3's run_with_cache gives under that name."""

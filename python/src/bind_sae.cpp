@@ -11,6 +11,7 @@
 #include <flex/sae/load_sae.h>
 #include <flex/sae/sparse_code.h>
 #include <flex/sae/splice.h>
+#include <flex/sae/trainer.h>
 
 #include <ATen/ATen.h>
 
@@ -115,6 +116,61 @@ void bind_sae(py::module_& m) {
         return py::make_tuple(f.indices, f.values, f.l0);
       },
       py::arg("feature_acts"), py::arg("width") = 0);
+
+  s.def(
+      "train_sae",
+      [](const std::string& activations, const std::string& hook, const std::string& architecture, int64_t d_sae,
+         const std::string& out, const std::string& transcoder_out, bool skip, std::optional<double> k,
+         std::optional<double> l1, std::optional<double> l0_coefficient, double lr, int64_t batch_tokens,
+         int64_t total_tokens, uint64_t seed, bool bf16, int64_t checkpoint_every, int64_t eval_tokens,
+         bool normalize, int64_t dead_feature_window) {
+        SaeTrainRunOptions o;
+        SaeTrainingOptions& t = o.sae;
+        t.architecture = parse_train_architecture(architecture);
+        t.d_sae = d_sae;
+        if (k) t.k = *k;
+        if (l1) t.l1_coefficient = *l1;
+        if (l0_coefficient) t.l0_coefficient = *l0_coefficient;
+        t.lr = lr;
+        t.seed = seed;
+        t.bf16_encoder = bf16;
+        t.transcoder = !transcoder_out.empty();
+        t.skip_connection = skip;
+        t.normalize_activations = normalize;
+        t.dead_feature_window = dead_feature_window;
+        t.hook_name = hook;
+        t.hook_name_out = transcoder_out;
+        o.out_dir = out;
+        o.batch_tokens = batch_tokens;
+        o.total_tokens = total_tokens;
+        o.checkpoint_every_tokens = checkpoint_every;
+        o.eval_tokens = eval_tokens;
+        o.init_tokens = std::max<int64_t>(batch_tokens, 16384);
+        auto source = shard_source(activations, hook, transcoder_out, eval_tokens, seed);
+        SaeTrainResult r;
+        {
+          py::gil_scoped_release release;
+          r = train_sae(*source, o);
+        }
+        py::dict d;
+        d["steps"] = r.steps;
+        d["tokens"] = r.tokens;
+        d["resumed_from_step"] = r.resumed_from_step;
+        d["tokens_per_second"] = r.tokens_per_second;
+        d["explained_variance"] = r.eval.explained_variance;
+        d["mse"] = r.eval.mse;
+        d["l0"] = r.eval.l0;
+        d["dead_latents"] = r.eval.dead_latents;
+        d["dense_latents"] = r.eval.dense_latents;
+        d["eval_tokens"] = r.eval.tokens;
+        d["sae"] = r.dictionary;
+        return d;
+      },
+      py::arg("activations"), py::arg("hook"), py::arg("architecture"), py::arg("d_sae"), py::arg("out"),
+      py::arg("transcoder_out") = "", py::arg("skip") = false, py::arg("k") = py::none(), py::arg("l1") = py::none(),
+      py::arg("l0_coefficient") = py::none(), py::arg("lr") = 3e-4, py::arg("batch_tokens") = 4096,
+      py::arg("total_tokens"), py::arg("seed") = 0, py::arg("bf16") = false, py::arg("checkpoint_every") = 0,
+      py::arg("eval_tokens") = 8192, py::arg("normalize") = true, py::arg("dead_feature_window") = 1000);
 
   s.def(
       "ablate_features",

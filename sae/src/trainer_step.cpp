@@ -313,8 +313,8 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
   } else {
     f.pre = f.h;
     f.norms = W_dec.norm(2, {1});
-    const at::Tensor acts =
-        arch == TrainArchitecture::JumpReLU ? f.h * f.h.gt(threshold) : at::relu(f.h);
+    // Standard: relu in place (h > 0 is acts > 0, so h itself is not needed again).
+    const at::Tensor acts = arch == TrainArchitecture::JumpReLU ? f.h * f.h.gt(threshold) : at::relu_(f.h);
     const at::Tensor on = acts.ne(0);
     f.fired = on.sum(0);
     f.nnz = f.fired.sum().item<int64_t>();
@@ -382,9 +382,10 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   const double c = coefficient();
   if (f.acts.defined()) {
     // Dense mode: the same formulas as below on whole [N, d_sae] tensors.
-    at::Tensor dH;
+    // dH is made in Q's storage (it is not needed after).
+    at::Tensor& dH = Q;
     if (arch == TrainArchitecture::Standard) {
-      dH = (Q + (c / N) * f.norms) * f.h.gt(0);
+      dH.add_((c / N) * f.norms).masked_fill_(f.acts.le(0), 0.0);
       dW_dec = at::mm(f.acts.t(), go) + W_dec * ((c / N) * f.acts.sum(0) / f.norms).unsqueeze(1);
       g.threshold = at::Tensor();
     } else {
@@ -392,10 +393,10 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
       const at::Tensor u = (f.h - threshold) / bw;
       const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
       g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
-      dH = Q * f.h.gt(threshold);
+      dH.masked_fill_(f.h.le(threshold), 0.0);
       dW_dec = at::mm(f.acts.t(), go);
     }
-    g.W_enc = at::mm(f.sin.t(), dH);
+    g.W_enc = at::mm(dH.t(), f.sin).t();  // made as [d_sae, d_in], the layout Adam updates
     g.b_enc = dH.sum(0);
     if (!o_.transcoder) g.b_dec = g.b_dec - at::mv(W_encT.t(), g.b_enc);
     g.W_dec = dW_dec;
@@ -482,7 +483,10 @@ TrainStepStats SaeTrainer::step(const at::Tensor& x, const at::Tensor& y) {
   at::Tensor grads[6] = {g.W_enc.t().contiguous(), g.b_enc, g.W_dec, g.b_dec, g.threshold, g.W_skip};
   double sq = 0;
   for (const auto& gr : grads)
-    if (gr.defined() && gr.numel()) sq += gr.to(at::kDouble).pow(2).sum().item<double>();
+    if (gr.defined() && gr.numel()) {
+      const double n = gr.norm().item<double>();
+      sq += n * n;
+    }
   st.grad_norm = std::sqrt(sq);
   const double clip = std::min(1.0, o_.max_grad_norm / (st.grad_norm + 1e-6));
   at::Tensor* params[6] = {&W_encT, &b_enc, &W_dec, &b_dec, &threshold, &W_skip};

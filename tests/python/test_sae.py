@@ -117,3 +117,32 @@ def test_sparse_codes_and_errors():
         flexmodel.sae.resolve_hook_name(gpt2(), "blocks.0.hook_nothing")
     with pytest.raises(flexmodel.IOError):
         flexmodel.sae.load_sae(SAE / "no-such-dictionary")
+
+
+def test_train_sae_from_a_captured_dataset(tmp_path):
+    """flexmodel.sae.train_sae on activations captured from the fixture GPT-2: the folder it writes
+    is read back by load_sae as the dictionary it returned, and its held-out numbers are the ones
+    computed here from the dataset's last tokens."""
+    gpt2_dir = DATA / json.loads((DATA / "golden" / "gpt2.json").read_text())["model_dir"]
+    vocab = json.loads((gpt2_dir / "config.json").read_text())["vocab_size"]
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(5)
+    save_file({"input_ids": torch.randint(0, vocab, (40, 64), generator=g)}, str(tmp_path / "ids.safetensors"))
+    model = flexmodel.from_pretrained(gpt2_dir)
+    hook = "transformer.h.1"
+    flexmodel.capture_dataset(model, tmp_path / "ids.safetensors", tmp_path / "acts", [hook], context_len=32,
+                              batch_size=8)
+    r = flexmodel.sae.train_sae(tmp_path / "acts", hook, "topk", 64, tmp_path / "sae", k=8, lr=3e-3,
+                                batch_tokens=128, total_tokens=128 * 120, eval_tokens=512)
+    assert r["steps"] == 120 and r["tokens"] == 128 * 120 and r["eval_tokens"] == 512
+    sae = flexmodel.sae.load_sae(tmp_path / "sae")
+    ds = flexmodel.ActivationDataset(tmp_path / "acts")
+    x = torch.cat([ds.shard(i)[hook] for i in range(ds.num_shards)])[-512:].float()
+    assert_close(sae.encode(x), r["sae"].encode(x), 0, "the folder holds the returned dictionary")
+    y = sae.decode(sae.encode(x))
+    ev = 1 - ((y - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
+    assert abs(ev.item() - r["explained_variance"]) < 1e-4
+    assert (sae.encode(x) != 0).sum(-1).float().mean().item() == pytest.approx(r["l0"])
+    assert r["explained_variance"] > 0.5
+    with pytest.raises(flexmodel.NotFoundError, match="no hook 'nope'"):
+        flexmodel.sae.train_sae(tmp_path / "acts", "nope", "topk", 64, tmp_path / "x", total_tokens=256)
