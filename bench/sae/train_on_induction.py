@@ -40,10 +40,10 @@ def run(cmd):
 
 
 def next_token_loss(fm, ids):
+    """(mean next-token loss, log-probabilities [N, vocab] of every prediction)."""
     with torch.no_grad():
-        logits = fm(ids)
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                             ids[:, 1:].reshape(-1)).item()
+        logits = fm(ids)[:, :-1].reshape(-1, fm(ids).shape[-1]).float()
+    return torch.nn.functional.cross_entropy(logits, ids[:, 1:].reshape(-1)).item(), logits.log_softmax(-1)
 
 
 def main():
@@ -86,17 +86,23 @@ def main():
 
     model = flexmodel.from_pretrained(a.model)
     fm = flexmodel.FlexModel(model, {})
-    clean = next_token_loss(fm, held)
+    clean, lp_clean = next_token_loss(fm, held)
     sae = flexmodel.sae.load_sae(out)
     splice = flexmodel.sae.splice_sae(fm, sae, mode="replace")
-    with_sae = next_token_loss(fm, held)
+    with_sae, lp_sae = next_token_loss(fm, held)
     splice.remove()
     fm.register_forward_hook(flexmodel.HookFunction(hook, editing_function=lambda m, x, c, t: torch.zeros_like(x)))
-    zero = next_token_loss(fm, held)
+    zero, lp_zero = next_token_loss(fm, held)
     fm.restore()
-    recovered = (zero - with_sae) / (zero - clean)
-    print(f"next-token loss on {held.numel()} held-out tokens: clean {clean:.4f}, SAE spliced {with_sae:.4f}, "
-          f"residual zeroed {zero:.4f}; CE loss recovered {recovered:.4f}")
+
+    def kl(lp):  # KL(clean || other) per prediction, averaged
+        return (lp_clean.exp() * (lp_clean - lp)).sum(-1).mean().item()
+
+    agree = (lp_sae.argmax(-1) == lp_clean.argmax(-1)).float().mean().item()
+    print(f"next-token loss on {lp_clean.shape[0]} held-out predictions: clean {clean:.4f}, SAE spliced {with_sae:.4f}, "
+          f"residual zeroed {zero:.4f}; CE loss recovered (zero - sae) / (zero - clean) {(zero - with_sae) / (zero - clean):.4f}")
+    print(f"KL(clean || spliced) {kl(lp_sae):.5f} nats, KL(clean || zeroed) {kl(lp_zero):.5f} nats "
+          f"(KL recovered {1 - kl(lp_sae) / kl(lp_zero):.4f}); top-1 prediction unchanged on {agree:.4f}")
 
     try:
         from sae_lens import SAE
