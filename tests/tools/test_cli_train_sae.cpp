@@ -3,8 +3,11 @@
 // the held-out tokens (measured here with flex::load_sae, not the run's own
 // numbers), a run killed with SIGKILL and rerun ends with the same weights
 // and metrics as an uninterrupted one, a transcoder learns a linear map, and
-// bad input gets typed errors that leave the last checkpoint intact.
+// bad input gets typed errors that leave the last checkpoint intact. Trained
+// on the fly from a tiny GPT-2's forward (--model), a killed and rerun run
+// also ends as the uninterrupted one, and eval.json holds the next-token losses.
 #include "cli_util.h"
+#include "hf_folder.h"
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/dispatch/safetensors.h>
@@ -102,6 +105,31 @@ at::Tensor tail(const std::string& hook, int64_t n) {
   return all.narrow(0, all.size(0) - n, n).to(at::kFloat);
 }
 
+// Kills `args` once a checkpoint past `first` exists, reruns it, and expects
+// the uninterrupted run's weights and metrics (in `clean`).
+void kill_rerun_and_compare(const std::vector<std::string>& args, const std::string& killed, const std::string& clean,
+                            const std::string& err, const std::string& first) {
+  const pid_t pid = cli_test::spawn_flexmodel(args, err);
+  bool seen = false;
+  for (int i = 0; i < 60000 && !seen; ++i) {
+    if (fs::exists(killed + "/checkpoints"))
+      for (const auto& e : fs::directory_iterator(killed + "/checkpoints"))
+        if (e.path().filename().string() != first && e.path().filename().string().rfind("step-", 0) == 0) seen = true;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::kill(pid, SIGKILL);
+  const int st = cli_test::wait_for(pid);
+  ASSERT_TRUE(seen) << cli_test::slurp(err);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "the run ended before the kill";
+  const auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed at step"), std::string::npos) << r.err;
+  const auto want = weights(clean), got = weights(killed);
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, t] : want) EXPECT_TRUE(flex_test::equal(got.at(name), t)) << name;
+  EXPECT_EQ(cli_test::slurp(killed + "/metrics.jsonl"), cli_test::slurp(clean + "/metrics.jsonl"));
+}
+
 }  // namespace
 
 TEST(CliTrainSae, TopKExplainsHeldOutTokensAndIsReadBackInSaeLensFormat) {
@@ -149,28 +177,7 @@ TEST(CliTrainSae, KilledAndRerunEndsWithTheUninterruptedWeights) {
   };
   auto r = run(args(tmp.str("clean")));
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string killed = tmp.str("killed");
-  const pid_t pid = cli_test::spawn_flexmodel(args(killed), tmp.str("err.txt"));
-  // Kill it as soon as its second checkpoint is complete (the first may be removed by then).
-  bool seen = false;
-  for (int i = 0; i < 20000 && !seen; ++i) {
-    if (fs::exists(killed + "/checkpoints"))
-      for (const auto& e : fs::directory_iterator(killed + "/checkpoints"))
-        if (e.path().filename().string() != "step-40" && e.path().filename().string().rfind("step-", 0) == 0) seen = true;
-    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ::kill(pid, SIGKILL);
-  const int st = cli_test::wait_for(pid);
-  ASSERT_TRUE(seen) << cli_test::slurp(tmp.str("err.txt"));
-  ASSERT_TRUE(WIFSIGNALED(st)) << "the run ended before the kill";
-  ASSERT_FALSE(fs::exists(killed + "/sae_weights.safetensors"));
-  r = run(args(killed));
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("resumed at step"), std::string::npos) << r.err;
-  const auto want = weights(tmp.str("clean")), got = weights(killed);
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, t] : want) EXPECT_TRUE(flex_test::equal(got.at(name), t)) << name;
-  EXPECT_EQ(cli_test::slurp(killed + "/metrics.jsonl"), cli_test::slurp(tmp.str("clean/metrics.jsonl")));
+  kill_rerun_and_compare(args(tmp.str("killed")), tmp.str("killed"), tmp.str("clean"), tmp.str("err.txt"), "step-40");
 }
 
 TEST(CliTrainSae, JumpReLUSkipTranscoderLearnsTheMap) {
@@ -224,4 +231,34 @@ TEST(CliTrainSae, BadInputIsATypedErrorAndKeepsTheLastCheckpoint) {
     auto sae = flex::load_sae(e.path().string());  // whole, and every weight finite (the loader checks)
     EXPECT_EQ(sae->config().d_sae, 256);
   }
+}
+
+
+TEST(CliTrainSae, OnTheFlyFromTheModelResumesExactlyAndReportsTheNextTokenLoss) {
+  flex_test::TempDir tmp;
+  flex_examples::TinyGpt2Options mo;
+  mo.n_layer = 2;
+  mo.seed = 4;
+  flex_examples::write_tiny_gpt2(tmp.str("gpt2"), mo);
+  at::manual_seed(9);
+  flex::save_safetensors(tmp.str("ids.safetensors"),
+                         {{"input_ids", at::randint(flex_examples::tiny_vocab_size(), {96, 40}, at::kLong)}});
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"train-sae", "--model", tmp.str("gpt2"), "--dataset", tmp.str("ids.safetensors"),
+                                    "--context-len", "16", "--batch-size", "4", "--buffer-tokens", "512",
+                                    "--hook", "blocks.1.hook_resid_pre", "--architecture", "topk", "--d-sae", "64",
+                                    "--k", "4", "--lr", "0.003", "--batch-tokens", "96", "--total-tokens",
+                                    std::to_string(96 * 200), "--checkpoint-every", std::to_string(96 * 20),
+                                    "--eval-tokens", "256", "--seed", "3", "--out", out};
+  };
+  const auto r = run(args(tmp.str("clean")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("CE loss recovered"), std::string::npos) << r.err;
+  const auto ev = read_json(tmp.str("clean/eval.json"));
+  for (const char* k : {"next_token_loss_clean", "next_token_loss_with_sae", "next_token_loss_zeroed", "ce_loss_recovered"})
+    EXPECT_TRUE(ev.contains(k) && std::isfinite(ev.at(k).get<double>())) << k;
+  EXPECT_EQ(ev.at("tokens").get<int64_t>(), 256);
+  auto sae = flex::load_sae(tmp.str("clean"));
+  EXPECT_EQ(sae->config().hook_name, "blocks.1.hook_resid_pre");
+  kill_rerun_and_compare(args(tmp.str("killed")), tmp.str("killed"), tmp.str("clean"), tmp.str("err.txt"), "step-20");
 }

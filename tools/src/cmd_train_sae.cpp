@@ -2,12 +2,16 @@
 // shards of `flexmodel capture --dataset` (flex/sae/trainer.h does the work;
 // this file maps flags to options and shows progress).
 #include "cli.h"
+#include "train_sae_sources.h"
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/hooks/errors.h>
 #include <flex/sae/trainer.h>
 
+#include <flex/dispatch/atomic_file.h>
+
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 namespace flex::cli {
@@ -15,8 +19,15 @@ namespace flex::cli {
 namespace {
 
 const std::vector<Flag>& train_sae_flags() {
-  static const std::vector<Flag> flags = {
+  static const std::vector<Flag> flags = [] {
+    std::vector<Flag> f = {
       {"--activations", "DIR", "the activation dataset (flexmodel capture --dataset ... --stream-dir DIR)"},
+      {"--model", "MODEL_DIR", "instead of --activations: train on the model's forward over --dataset (no disk)"},
+      {"--dataset", "FILE", "with --model: the corpus (text, JSON Lines, or safetensors input_ids)"},
+      {"--text-field", "NAME", "with --model: --dataset is JSON Lines with the document in this field"},
+      {"--context-len", "N", "with --model: tokens per context"},
+      {"--batch-size", "N", "with --model: contexts per forward (default 8)"},
+      {"--buffer-tokens", "N", "with --model: activations shuffled together per block (default 65536)"},
       {"--hook", "NAME", "the stored hook to train on (the transcoder's input)"},
       {"--transcoder-out", "HOOK", "train a transcoder predicting this stored hook from --hook"},
       {"--skip", "", "transcoders: add a linear skip connection x W_skip^T"},
@@ -40,7 +51,10 @@ const std::vector<Flag>& train_sae_flags() {
       {"--checkpoint-every", "T", "tokens between checkpoints (default: a tenth of the run)"},
       {"--eval-tokens", "N", "held-out tokens (the dataset's last) for the final evaluation (default 8192)"},
       {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
-  };
+    };
+    for (auto& l : loading_flags()) f.push_back(l);
+    return f;
+  }();
   return flags;
 }
 
@@ -75,10 +89,12 @@ int run_train_sae(const std::vector<std::string>& argv) {
     return 0;
   }
   set_log_level(args.get("--log-level"));
-  if (!args.positionals().empty()) throw UsageError("train-sae takes no positional argument");
+  if (!args.positionals().empty()) throw UsageError("train-sae takes no positional argument (the model is --model)");
   SaeTrainRunOptions o;
   SaeTrainingOptions& s = o.sae;
-  const std::string dir = required(args, "--activations", "DIR");
+  const auto model_dir = args.get("--model");
+  if (model_dir && args.has("--activations")) throw UsageError("give --activations DIR or --model MODEL_DIR, not both");
+  const std::string dir = model_dir ? "" : required(args, "--activations", "DIR (or --model MODEL_DIR --dataset FILE)");
   const std::string hook = required(args, "--hook", "NAME");
   const std::string out = required(args, "--out", "DIR");
   try {
@@ -129,12 +145,41 @@ int run_train_sae(const std::vector<std::string>& argv) {
   o.eval_tokens = non_negative_int(args, "--eval-tokens", 8192);
   o.init_tokens = std::max<int64_t>(o.batch_tokens, 16384);
 
-  auto source = shard_source(dir, hook, hook_out, o.eval_tokens, s.seed);
-  // The dataset's record of where its activations came from goes into cfg.json.
-  const nlohmann::json& made = ActivationDataset(dir).settings();
-  if (made.contains("model") && made.at("model").is_string()) s.model_name = made.at("model").get<std::string>();
-  if (made.contains("context_len") && made.at("context_len").is_number_integer())
-    s.context_size = made.at("context_len").get<int64_t>();
+  std::unique_ptr<ActivationSource> source;
+  std::shared_ptr<CausalLM> model;
+  at::Tensor held_ids;
+  if (model_dir) {
+    require_model_dir(*model_dir);
+    ModelSourceOptions mo;
+    mo.model_dir = *model_dir;
+    mo.dataset = required(args, "--dataset", "FILE");
+    mo.text_field = args.get("--text-field").value_or("");
+    if (!args.has("--context-len")) throw UsageError("missing --context-len N (with --model)");
+    mo.context_len = positive_int(args, "--context-len", 128);
+    mo.batch_size = positive_int(args, "--batch-size", 8);
+    mo.buffer_tokens = positive_int(args, "--buffer-tokens", 65536);
+    mo.held_out_tokens = o.eval_tokens;
+    mo.hook = hook;
+    mo.hook_out = hook_out;
+    mo.seed = s.seed;
+    std::shared_ptr<const Tokenizer> tok;
+    try {
+      tok = load_tokenizer(*model_dir);
+    } catch (const IOError&) {
+      // Token-id corpora need none.
+    }
+    model = load_model(*model_dir, args);
+    source = model_source(model, tok, mo, &held_ids);
+    s.model_name = *model_dir;
+    s.context_size = mo.context_len;
+  } else {
+    source = shard_source(dir, hook, hook_out, o.eval_tokens, s.seed);
+    // The dataset's record of where its activations came from goes into cfg.json.
+    const nlohmann::json& made = ActivationDataset(dir).settings();
+    if (made.contains("model") && made.at("model").is_string()) s.model_name = made.at("model").get<std::string>();
+    if (made.contains("context_len") && made.at("context_len").is_number_integer())
+      s.context_size = made.at("context_len").get<int64_t>();
+  }
   Progress bar("train-sae", o.total_tokens / o.batch_tokens * o.batch_tokens, "tokens");
   int64_t last_line_step = 0;
   auto on_progress = [&](const SaeTrainProgress& p) {
@@ -163,6 +208,27 @@ int run_train_sae(const std::vector<std::string>& argv) {
                 r.eval.l0, static_cast<long long>(r.eval.dead_latents), static_cast<long long>(r.eval.dense_latents),
                 out.c_str());
   std::fputs(summary, stderr);
+  if (model && held_ids.defined() && held_ids.numel() > 0) {
+    // SAELens's "CE loss recovered", on the held-out contexts, added to eval.json.
+    const NextTokenLosses l = next_token_losses(model, held_ids, r.dictionary, hook, hook_out);
+    const std::string path = out + "/eval.json";
+    nlohmann::json ev;
+    {
+      std::ifstream in(path);
+      in >> ev;
+    }
+    ev["next_token_loss_clean"] = l.clean;
+    ev["next_token_loss_with_sae"] = l.with_sae;
+    ev["next_token_loss_zeroed"] = l.zeroed;
+    ev["ce_loss_recovered"] = l.recovered();
+    write_file_atomic(path, ev.dump(2));
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "flexmodel: next-token loss on %lld held-out contexts: clean %.4f, dictionary spliced %.4f, its place "
+                  "zeroed %.4f; CE loss recovered %.4f\n",
+                  static_cast<long long>(held_ids.size(0)), l.clean, l.with_sae, l.zeroed, l.recovered());
+    std::fputs(line, stderr);
+  }
   return 0;
 }
 
