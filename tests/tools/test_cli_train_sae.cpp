@@ -262,3 +262,29 @@ TEST(CliTrainSae, OnTheFlyFromTheModelResumesExactlyAndReportsTheNextTokenLoss) 
   EXPECT_EQ(sae->config().hook_name, "blocks.1.hook_resid_pre");
   kill_rerun_and_compare(args(tmp.str("killed")), tmp.str("killed"), tmp.str("clean"), tmp.str("err.txt"), "step-20");
 }
+
+TEST(CliTrainSae, AFullDiskIsAnIOErrorAndARerunFinishesAsIfNothingHappened) {
+  flex_test::TempDir tmp;
+  // RLIMIT_FSIZE (ulimit -f, in 512-byte blocks under sh) below one trainer state file: the
+  // first checkpoint cannot be written. SIGXFSZ ignored, so the write fails with EFBIG instead.
+  auto args = topk_args(tmp.str("full"), 256 * 40);
+  args.insert(args.end(), {"--checkpoint-every", std::to_string(256 * 10)});
+  auto r = run(args, "trap '' XFSZ; ulimit -f 200;");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("flexmodel: error:"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.err.find("rror writing") != std::string::npos || r.err.find("cannot write") != std::string::npos ||
+              r.err.find("disk full") != std::string::npos || r.err.find("No space") != std::string::npos ||
+              r.err.find("too large") != std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(tmp.str("full/sae_weights.safetensors")));
+  for (const auto& e : fs::recursive_directory_iterator(tmp.str("full")))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  // Without the limit the same command finishes, with the weights of a run that never failed.
+  r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto clean = topk_args(tmp.str("clean"), 256 * 40);
+  clean.insert(clean.end(), {"--checkpoint-every", std::to_string(256 * 10)});
+  ASSERT_EQ(run(clean).code, 0);
+  const auto want = weights(tmp.str("clean")), got = weights(tmp.str("full"));
+  for (const auto& [name, t] : want) EXPECT_TRUE(flex_test::equal(got.at(name), t)) << name;
+}
