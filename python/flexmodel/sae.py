@@ -46,20 +46,30 @@ def splice_sae(flex_model, sae, mode="replace", hook_name=None, hook_name_out=No
 
 def train_sae(activations, hook, architecture, d_sae, out, *, total_tokens, transcoder_out=None, skip=False, k=None,
               l1=None, l0_coefficient=None, lr=3e-4, batch_tokens=4096, seed=0, dtype="float32",
-              checkpoint_every=0, eval_tokens=8192, normalize=True, dead_feature_window=1000):
-    """Trains a dictionary on an activation dataset (``flexmodel capture --dataset``), as
-    ``flexmodel train-sae`` does (the same C++): architecture "topk", "batchtopk", "jumprelu" or
-    "standard"; ``transcoder_out`` trains a transcoder to that stored hook. Writes SAELens's format,
-    metrics.jsonl, curves.svg, eval.json and checkpoints to ``out`` (a rerun continues the last
-    checkpoint). Returns a dict: steps, tokens, tokens_per_second, the held-out explained_variance,
-    mse, l0, dead_latents, dense_latents, and "sae" (the trained SparseDictionary)."""
+              checkpoint_every=0, eval_tokens=8192, normalize=True, dead_feature_window=1000,
+              model=None, dataset=None, context_len=128, batch_size=8, buffer_tokens=65536, text_field=None,
+              tokenizer=None):
+    """Trains a dictionary as ``flexmodel train-sae`` does (the same C++), on an activation dataset
+    (``activations``: a ``capture_dataset`` folder) or, with ``model`` (from_pretrained) and
+    ``dataset`` (a corpus), on the fly from the model's forward (``activations`` None; ``tokenizer``:
+    a folder, for text corpora). architecture "topk", "batchtopk", "jumprelu" or "standard";
+    ``transcoder_out`` trains a transcoder to that hook. Writes SAELens's format, metrics.jsonl,
+    curves.svg, eval.json and checkpoints to ``out`` (a rerun continues the last checkpoint).
+    Returns a dict: steps, tokens, tokens_per_second, the held-out explained_variance, mse, l0,
+    dead_latents, dense_latents, "sae" (the trained SparseDictionary) and, with ``model``, the
+    next-token losses (clean, with the SAE spliced, zeroed) and ce_loss_recovered."""
     if str(dtype).replace("torch.", "") not in ("float32", "f32", "bfloat16", "bf16"):
         from .errors import ConfigError
         raise ConfigError(f"train_sae: dtype {dtype!r} is not float32 or bfloat16")
-    return _C.sae.train_sae(str(activations), hook, architecture, int(d_sae), str(out), transcoder_out or "", skip, k,
-                            l1, l0_coefficient, float(lr), int(batch_tokens), int(total_tokens), int(seed),
+    if (model is None) == (activations is None):
+        from .errors import ConfigError
+        raise ConfigError("train_sae: give activations (a dataset folder) or model and dataset, not both")
+    return _C.sae.train_sae(str(activations or ""), hook, architecture, int(d_sae), str(out), transcoder_out or "",
+                            skip, k, l1, l0_coefficient, float(lr), int(batch_tokens), int(total_tokens), int(seed),
                             "bf" in str(dtype), int(checkpoint_every), int(eval_tokens), normalize,
-                            int(dead_feature_window))
+                            int(dead_feature_window), _engine_module(model) if model is not None else None,
+                            str(dataset or ""), int(context_len), int(batch_size), int(buffer_tokens),
+                            text_field or "", str(tokenizer or ""))
 
 
 def resolve_hook_name(model, hook_name):

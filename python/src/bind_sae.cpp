@@ -9,6 +9,8 @@
 #include <flex/models/auto_model.h>
 #include <flex/sae/feature_edits.h>
 #include <flex/sae/load_sae.h>
+#include <flex/sae/model_source.h>
+#include <flex/tokenizers/tokenizer.h>
 #include <flex/sae/sparse_code.h>
 #include <flex/sae/splice.h>
 #include <flex/sae/trainer.h>
@@ -123,7 +125,9 @@ void bind_sae(py::module_& m) {
          const std::string& out, const std::string& transcoder_out, bool skip, std::optional<double> k,
          std::optional<double> l1, std::optional<double> l0_coefficient, double lr, int64_t batch_tokens,
          int64_t total_tokens, uint64_t seed, bool bf16, int64_t checkpoint_every, int64_t eval_tokens,
-         bool normalize, int64_t dead_feature_window) {
+         bool normalize, int64_t dead_feature_window, std::shared_ptr<Module> model, const std::string& dataset,
+         int64_t context_len, int64_t batch_size, int64_t buffer_tokens, const std::string& text_field,
+         const std::string& tokenizer) {
         SaeTrainRunOptions o;
         SaeTrainingOptions& t = o.sae;
         t.architecture = parse_train_architecture(architecture);
@@ -146,13 +150,44 @@ void bind_sae(py::module_& m) {
         o.checkpoint_every_tokens = checkpoint_every;
         o.eval_tokens = eval_tokens;
         o.init_tokens = std::max<int64_t>(batch_tokens, 16384);
-        auto source = shard_source(activations, hook, transcoder_out, eval_tokens, seed);
+        std::unique_ptr<ActivationSource> source;
+        std::shared_ptr<CausalLM> lm;
+        at::Tensor held_ids;
+        if (model) {
+          lm = std::dynamic_pointer_cast<CausalLM>(model);
+          if (!lm) throw ConfigError("train_sae: model must be a causal LM from flexmodel.from_pretrained");
+          ModelSourceOptions mo;
+          mo.dataset = dataset;
+          mo.text_field = text_field;
+          mo.context_len = context_len;
+          mo.batch_size = batch_size;
+          mo.buffer_tokens = buffer_tokens;
+          mo.held_out_tokens = eval_tokens;
+          mo.hook = hook;
+          mo.hook_out = transcoder_out;
+          mo.seed = seed;
+          mo.model_dir = tokenizer;
+          std::shared_ptr<const Tokenizer> tok;
+          if (!tokenizer.empty()) tok = load_tokenizer(tokenizer);
+          t.context_size = context_len;
+          source = model_source(lm, tok, mo, &held_ids);
+        } else {
+          source = shard_source(activations, hook, transcoder_out, eval_tokens, seed);
+        }
         SaeTrainResult r;
         {
           py::gil_scoped_release release;
           r = train_sae(*source, o);
         }
         py::dict d;
+        if (lm && held_ids.defined() && held_ids.numel() > 0) {
+          const NextTokenLosses l = next_token_losses(lm, held_ids, r.dictionary, hook, transcoder_out);
+          d["next_token_loss_clean"] = l.clean;
+          d["next_token_loss_with_sae"] = l.with_sae;
+          d["next_token_loss_zeroed"] = l.zeroed;
+          d["ce_loss_recovered"] = l.recovered();
+          d["held_out_ids"] = held_ids;
+        }
         d["steps"] = r.steps;
         d["tokens"] = r.tokens;
         d["resumed_from_step"] = r.resumed_from_step;
@@ -170,7 +205,9 @@ void bind_sae(py::module_& m) {
       py::arg("transcoder_out") = "", py::arg("skip") = false, py::arg("k") = py::none(), py::arg("l1") = py::none(),
       py::arg("l0_coefficient") = py::none(), py::arg("lr") = 3e-4, py::arg("batch_tokens") = 4096,
       py::arg("total_tokens"), py::arg("seed") = 0, py::arg("bf16") = false, py::arg("checkpoint_every") = 0,
-      py::arg("eval_tokens") = 8192, py::arg("normalize") = true, py::arg("dead_feature_window") = 1000);
+      py::arg("eval_tokens") = 8192, py::arg("normalize") = true, py::arg("dead_feature_window") = 1000,
+      py::arg("model") = nullptr, py::arg("dataset") = "", py::arg("context_len") = 128, py::arg("batch_size") = 8,
+      py::arg("buffer_tokens") = 65536, py::arg("text_field") = "", py::arg("tokenizer") = "");
 
   s.def(
       "ablate_features",

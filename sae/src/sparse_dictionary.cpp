@@ -12,11 +12,6 @@ namespace flex {
 
 namespace {
 
-// Above one active feature in this many, the dense product is faster
-// (measured on 1024 x 16k codes into 768: 1/256 active 28 ms gathered vs
-// 74 ms dense, 1/64 57 vs 73, 1/32 98 vs 73).
-constexpr int64_t kDenseFraction = 48;
-
 at::Tensor zeros(std::initializer_list<int64_t> shape, at::ScalarType dtype) {
   return at::zeros(shape, at::TensorOptions().dtype(dtype));
 }

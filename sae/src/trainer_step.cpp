@@ -38,9 +38,6 @@ std::string to_string(TrainArchitecture a) {
 
 namespace {
 
-// Above one active entry in this many, dense products beat the sparse ones.
-constexpr int64_t kDenseFraction = 48;
-
 bool top_k_like(TrainArchitecture a) { return a == TrainArchitecture::TopK || a == TrainArchitecture::BatchTopK; }
 
 // The positive entries among the `total` largest values of relu(pre) over the

@@ -146,3 +146,32 @@ def test_train_sae_from_a_captured_dataset(tmp_path):
     assert r["explained_variance"] > 0.5
     with pytest.raises(flexmodel.NotFoundError, match="no hook 'nope'"):
         flexmodel.sae.train_sae(tmp_path / "acts", "nope", "topk", 64, tmp_path / "x", total_tokens=256)
+
+
+def test_train_sae_on_the_fly_from_the_model(tmp_path):
+    """train_sae with model + dataset: trained from the forward, evaluated on the corpus's first
+    contexts, with the next-token losses (the clean one recomputed here with the model)."""
+    gpt2_dir = DATA / json.loads((DATA / "golden" / "gpt2.json").read_text())["model_dir"]
+    vocab = json.loads((gpt2_dir / "config.json").read_text())["vocab_size"]
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, vocab, (24, 32), generator=g)
+    save_file({"input_ids": ids}, str(tmp_path / "ids.safetensors"))
+    model = flexmodel.from_pretrained(gpt2_dir)
+    r = flexmodel.sae.train_sae(None, "transformer.h.1", "topk", 64, tmp_path / "sae", k=8, lr=3e-3,
+                                batch_tokens=64, total_tokens=64 * 30, eval_tokens=128, model=model,
+                                dataset=tmp_path / "ids.safetensors", context_len=32, buffer_tokens=256)
+    assert r["steps"] == 30 and r["eval_tokens"] == 128
+    held = r["held_out_ids"]  # the corpus's first contexts
+    assert held.shape == (4, 32)
+    with torch.no_grad():
+        logits = flexmodel.FlexModel(model, {})(held)
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                             held[:, 1:].reshape(-1)).item()
+    assert r["next_token_loss_clean"] == pytest.approx(want, rel=1e-5)
+    assert r["ce_loss_recovered"] == pytest.approx(
+        (r["next_token_loss_zeroed"] - r["next_token_loss_with_sae"])
+        / (r["next_token_loss_zeroed"] - r["next_token_loss_clean"]))
+    with pytest.raises(flexmodel.ConfigError, match="not both"):
+        flexmodel.sae.train_sae(tmp_path / "x", "transformer.h.1", "topk", 64, tmp_path / "y", total_tokens=64,
+                                model=model, dataset=tmp_path / "ids.safetensors")

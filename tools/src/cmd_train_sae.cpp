@@ -2,10 +2,10 @@
 // shards of `flexmodel capture --dataset` (flex/sae/trainer.h does the work;
 // this file maps flags to options and shows progress).
 #include "cli.h"
-#include "train_sae_sources.h"
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/hooks/errors.h>
+#include <flex/sae/model_source.h>
 #include <flex/sae/trainer.h>
 
 #include <flex/dispatch/atomic_file.h>

@@ -3,7 +3,7 @@
 // block of --buffer-tokens, shuffled by (seed, block) and handed out; no disk.
 // Blocks are whole batches of contexts, so a resumed run finds the block it
 // was in by reading the corpus alone and re-runs only that block's forwards.
-#include "train_sae_sources.h"
+#include <flex/sae/model_source.h>
 
 #include <flex/datasets/token_contexts.h>
 #include <flex/flexcore/flex_model.h>
@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-namespace flex::cli {
+namespace flex {
 
 namespace {
 
@@ -238,4 +238,4 @@ NextTokenLosses next_token_losses(const std::shared_ptr<CausalLM>& model, const 
   return r;
 }
 
-}  // namespace flex::cli
+}  // namespace flex

@@ -1,6 +1,7 @@
 #pragma once
-// train-sae's model-forward source and the next-token-loss evaluation
-// (train_sae_model_source.cpp); the shard source is flex::shard_source.
+// Training rows straight from a model's forward (train-sae --model), and the
+// next-token loss with a dictionary spliced in; the shard source is
+// flex::shard_source (flex/sae/trainer.h).
 #include <flex/models/causal_lm.h>
 #include <flex/sae/trainer.h>
 #include <flex/tokenizers/tokenizer.h>
@@ -8,7 +9,7 @@
 #include <memory>
 #include <string>
 
-namespace flex::cli {
+namespace flex {
 
 struct ModelSourceOptions {
   std::string model_dir, dataset, text_field;
@@ -37,4 +38,4 @@ NextTokenLosses next_token_losses(const std::shared_ptr<CausalLM>& model, const 
                                   const std::shared_ptr<SparseDictionary>& sae, const std::string& hook,
                                   const std::string& hook_out);
 
-}  // namespace flex::cli
+}  // namespace flex
