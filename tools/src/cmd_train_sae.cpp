@@ -175,7 +175,7 @@ int run_train_sae(const std::vector<std::string>& argv) {
   } else {
     source = shard_source(dir, hook, hook_out, o.eval_tokens, s.seed);
     // The dataset's record of where its activations came from goes into cfg.json.
-    const nlohmann::json& made = ActivationDataset(dir).settings();
+    const nlohmann::json made = ActivationDataset(dir).settings();  // a copy: the dataset is a temporary
     if (made.contains("model") && made.at("model").is_string()) s.model_name = made.at("model").get<std::string>();
     if (made.contains("context_len") && made.at("context_len").is_number_integer())
       s.context_size = made.at("context_len").get<int64_t>();
