@@ -103,6 +103,8 @@ MaxMemory parse_max_memory(const std::string& text);
 at::ScalarType parse_dtype(const std::string& text);
 /// Transformers' torch_dtype spelling of a dtype ("float32").
 std::string torch_dtype_name(at::ScalarType t);
+/// An integer flag's value (or `fallback`), at least `min` (UsageError naming the flag).
+int64_t int_at_least(const Args& args, const std::string& flag, int64_t fallback, int64_t min);
 /// "3,1" -> {3, 1}: non-negative integers; UsageError "option FLAG: 'x' is not WHAT" otherwise.
 std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text, const std::string& what);
 /// A size string ("200MB", "1GiB", bytes) -> bytes; UsageError naming the flag.

@@ -47,12 +47,6 @@ const std::vector<Flag>& features_flags() {
   return flags;
 }
 
-int64_t positive(const Args& args, const std::string& flag, int64_t fallback) {
-  const int64_t v = args.get_int(flag).value_or(fallback);
-  if (v < 1) throw UsageError("option " + flag + " must be at least 1");
-  return v;
-}
-
 std::vector<int64_t> feature_list(const std::string& text, int64_t d_sae) {
   std::vector<int64_t> out;
   for (int64_t v : parse_index_list("--features", text, "a feature index")) {
@@ -95,13 +89,12 @@ int run_features(const std::vector<std::string>& argv) {
   const auto out = args.get("--out");
   if (!out) throw UsageError("missing --out FILE.html");
   if (!fs::exists(*dataset)) throw IOError("dataset '" + *dataset + "' does not exist");
-  const int64_t context_len = positive(args, "--context-len", 64);
-  const int64_t max_tokens = positive(args, "--max-tokens", 16384);
-  const int64_t batch_size = positive(args, "--batch-size", 8);
-  const int64_t n_examples = positive(args, "--examples", 8);
-  const int64_t top_features = positive(args, "--top-features", 12);
-  const int64_t window = args.get_int("--window").value_or(12);
-  if (window < 0) throw UsageError("option --window must be >= 0");
+  const int64_t context_len = int_at_least(args, "--context-len", 64, 1);
+  const int64_t max_tokens = int_at_least(args, "--max-tokens", 16384, 1);
+  const int64_t batch_size = int_at_least(args, "--batch-size", 8, 1);
+  const int64_t n_examples = int_at_least(args, "--examples", 8, 1);
+  const int64_t top_features = int_at_least(args, "--top-features", 12, 1);
+  const int64_t window = int_at_least(args, "--window", 12, 0);
   require_model_dir(dir);
   require_writable_file(*out);
 

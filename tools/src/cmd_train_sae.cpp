@@ -58,18 +58,6 @@ const std::vector<Flag>& train_sae_flags() {
   return flags;
 }
 
-int64_t positive_int(const Args& args, const std::string& flag, int64_t fallback) {
-  const int64_t v = args.get_int(flag).value_or(fallback);
-  if (v < 1) throw UsageError("option " + flag + " must be at least 1");
-  return v;
-}
-
-int64_t non_negative_int(const Args& args, const std::string& flag, int64_t fallback) {
-  const int64_t v = args.get_int(flag).value_or(fallback);
-  if (v < 0) throw UsageError("option " + flag + " must be >= 0");
-  return v;
-}
-
 std::string required(const Args& args, const std::string& flag, const std::string& metavar) {
   auto v = args.get(flag);
   if (!v) throw UsageError("missing " + flag + " " + metavar);
@@ -102,7 +90,7 @@ int run_train_sae(const std::vector<std::string>& argv) {
   } catch (const ConfigError& e) {
     throw UsageError(std::string("option --architecture: ") + e.what());
   }
-  s.d_sae = positive_int(args, "--d-sae", 0);
+  s.d_sae = int_at_least(args, "--d-sae", 0, 1);
   if (!args.has("--d-sae")) throw UsageError("missing --d-sae N");
   if (auto k = args.get_double("--k")) s.k = *k;
   if (args.has("--l1") && s.architecture != TrainArchitecture::Standard)
@@ -115,11 +103,11 @@ int run_train_sae(const std::vector<std::string>& argv) {
   if (auto v = args.get_double("--l0-coefficient")) s.l0_coefficient = *v;
   if (auto v = args.get_double("--lr")) s.lr = *v;
   if (!(s.lr > 0)) throw UsageError("option --lr must be positive");
-  s.lr_warm_up_steps = non_negative_int(args, "--lr-warm-up-steps", 0);
-  s.lr_decay_steps = non_negative_int(args, "--lr-decay-steps", 0);
-  s.coefficient_warm_up_steps = non_negative_int(args, "--coefficient-warm-up-steps", 0);
-  s.dead_feature_window = non_negative_int(args, "--dead-feature-window", 1000);
-  s.seed = static_cast<uint64_t>(non_negative_int(args, "--seed", 0));
+  s.lr_warm_up_steps = int_at_least(args, "--lr-warm-up-steps", 0, 0);
+  s.lr_decay_steps = int_at_least(args, "--lr-decay-steps", 0, 0);
+  s.coefficient_warm_up_steps = int_at_least(args, "--coefficient-warm-up-steps", 0, 0);
+  s.dead_feature_window = int_at_least(args, "--dead-feature-window", 1000, 0);
+  s.seed = static_cast<uint64_t>(int_at_least(args, "--seed", 0, 0));
   s.normalize_activations = !args.has("--no-normalize");
   if (auto d = args.get("--dtype")) {
     if (*d == "bf16" || *d == "bfloat16") s.bf16_encoder = true;
@@ -138,11 +126,11 @@ int run_train_sae(const std::vector<std::string>& argv) {
   s.hook_name = hook;
   s.hook_name_out = hook_out;
   o.out_dir = out;
-  o.batch_tokens = positive_int(args, "--batch-tokens", 4096);
+  o.batch_tokens = int_at_least(args, "--batch-tokens", 4096, 1);
   if (!args.has("--total-tokens")) throw UsageError("missing --total-tokens T");
-  o.total_tokens = positive_int(args, "--total-tokens", 0);
-  o.checkpoint_every_tokens = non_negative_int(args, "--checkpoint-every", 0);
-  o.eval_tokens = non_negative_int(args, "--eval-tokens", 8192);
+  o.total_tokens = int_at_least(args, "--total-tokens", 0, 1);
+  o.checkpoint_every_tokens = int_at_least(args, "--checkpoint-every", 0, 0);
+  o.eval_tokens = int_at_least(args, "--eval-tokens", 8192, 0);
   o.init_tokens = std::max<int64_t>(o.batch_tokens, 16384);
 
   std::unique_ptr<ActivationSource> source;
@@ -155,9 +143,9 @@ int run_train_sae(const std::vector<std::string>& argv) {
     mo.dataset = required(args, "--dataset", "FILE");
     mo.text_field = args.get("--text-field").value_or("");
     if (!args.has("--context-len")) throw UsageError("missing --context-len N (with --model)");
-    mo.context_len = positive_int(args, "--context-len", 128);
-    mo.batch_size = positive_int(args, "--batch-size", 8);
-    mo.buffer_tokens = positive_int(args, "--buffer-tokens", 65536);
+    mo.context_len = int_at_least(args, "--context-len", 128, 1);
+    mo.batch_size = int_at_least(args, "--batch-size", 8, 1);
+    mo.buffer_tokens = int_at_least(args, "--buffer-tokens", 65536, 1);
     mo.held_out_tokens = o.eval_tokens;
     mo.hook = hook;
     mo.hook_out = hook_out;

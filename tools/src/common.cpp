@@ -343,6 +343,13 @@ InputBatch read_input_ids(const std::string& path) {
 }
 
 
+int64_t int_at_least(const Args& args, const std::string& flag, int64_t fallback, int64_t min) {
+  const int64_t v = args.get_int(flag).value_or(fallback);
+  if (v < min)
+    throw UsageError("option " + flag + (min == 1 ? std::string(" must be at least 1") : " must be >= " + std::to_string(min)));
+  return v;
+}
+
 std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text, const std::string& what) {
   std::vector<int64_t> ids;
   size_t start = 0;
