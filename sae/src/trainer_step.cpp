@@ -287,7 +287,7 @@ at::Tensor SaeTrainer::firing_frequency() const {
   return fired_count_.to(at::kDouble) / std::max<int64_t>(tokens_seen_, 1);
 }
 
-SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t, bool for_grad) {
+SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t) {
   Forward f;
   const int64_t N = s.size(0);
   f.sin = o_.transcoder ? s : (s - b_dec).contiguous();
@@ -357,7 +357,6 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
       f.aux_loss = o_.aux_loss_coefficient * f.aux_scale * (recons - residual).pow(2).sum().item<double>() / N;
     }
   }
-  (void)for_grad;
   return f;
 }
 
@@ -443,7 +442,7 @@ TrainGradients SaeTrainer::gradients(const at::Tensor& x, const at::Tensor& y) {
   at::NoGradGuard no_grad;
   const at::Tensor s = scale_in(x);
   const at::Tensor t = target(x, y);
-  Forward f = forward(s, t, true);
+  Forward f = forward(s, t);
   return backward(s, t, f);
 }
 
@@ -453,7 +452,7 @@ TrainStepStats SaeTrainer::step(const at::Tensor& x, const at::Tensor& y) {
   const at::Tensor t = target(x, y);
   const int64_t N = s.size(0);
   if (o_.architecture == TrainArchitecture::JumpReLU) threshold.clamp_min_(0.0);
-  Forward f = forward(s, t, true);
+  Forward f = forward(s, t);
   TrainGradients g = backward(s, t, f);
   TrainStepStats st;
   st.mse = f.mse;

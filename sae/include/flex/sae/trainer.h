@@ -132,7 +132,7 @@ class SaeTrainer {
 
  private:
   struct Forward;
-  Forward forward(const at::Tensor& s, const at::Tensor& t, bool for_grad);
+  Forward forward(const at::Tensor& s, const at::Tensor& t);
   TrainGradients backward(const at::Tensor& s, const at::Tensor& t, Forward& f);
   double coefficient() const;
   at::Tensor scale_in(const at::Tensor& x) const;
