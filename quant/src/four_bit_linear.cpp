@@ -16,6 +16,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/sequential_blas.h>
 #include <flex/quant/quantize.h>
 
 #include <ATen/ATen.h>
@@ -32,7 +33,7 @@ namespace {
 
 constexpr int kFourBitGroup = 8;         // input rows per pass over a weight row
 constexpr int64_t kFourBitDecodeRows = 8;  // more rows than this take the tiled GEMM
-constexpr int64_t kTileBytes = 1 << 20;    // dequantized tile per thread    // dequantized tile per thread (float32)    // dequantized tile per thread (float32)
+constexpr int64_t kTileBytes = 1 << 20;    // dequantized tile per thread (float32)
 
 // The per-block scale: the absmax, or its double-quantized form decoded.
 struct BlockScales {
@@ -388,7 +389,10 @@ at::Tensor four_bit_linear(const FourBitWeight& fw, const at::Tensor& x, const a
   const int64_t elem = direct_bf16 ? 2 : 4;
   const int64_t tile = std::max<int64_t>(16, std::min<int64_t>(N, kTileBytes / (elem * std::max<int64_t>(K, 1))));
   const int64_t tiles = (N + tile - 1) / tile;
+  // A tile's rows depend on the shapes only, and its product runs on its
+  // own thread: the same bits for any thread count.
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    SequentialBlas one_thread;
     at::Tensor buf = at::empty({tile, K}, direct_bf16 ? at::kBFloat16 : at::kFloat);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = t * tile, r1 = std::min(N, r0 + tile);
