@@ -154,6 +154,9 @@ DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokeni
     in.input_ids = batch->input_ids;
     fm.forward(in.to_inputs());
     auto got = sink->take();
+    // Every rank takes the columns (a caller may gather them over the ranks).
+    std::vector<at::Tensor> column_values;
+    for (const auto& c : o.columns) column_values.push_back(c.take(B, T));
     if (writes) {
       ActivationBatch ab;
       ab.first_context = batch->first_context;
@@ -173,7 +176,8 @@ DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokeni
                             " times in one forward: a dataset capture needs one call per forward");
         ab.activations.push_back(per_token(h, it->second[0], B, T));
       }
-      for (const auto& c : o.columns) ab.activations.push_back(per_token(c.name, c.take(B, T), B, T));
+      for (size_t i = 0; i < o.columns.size(); ++i)
+        ab.activations.push_back(per_token(o.columns[i].name, column_values[i], B, T));
       if (o.exclude_bos || o.random_positions > 0) {
         std::vector<int64_t> keep;
         for (int64_t b = 0; b < B; ++b)

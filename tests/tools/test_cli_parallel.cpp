@@ -2,8 +2,9 @@
 // runs the command, rank 0 writes the output. Checked against independent
 // results: captures of every fixture model (--hook all, so fused QKV,
 // embeddings, row-parallel projections, the base model and lm_head are all
-// included) equal the golden Transformers forward for each mesh, and greedy
-// and steered generation equal the single-process run.
+// included) equal the golden Transformers forward for each mesh, greedy
+// and steered generation equal the single-process run, and so do a spliced
+// sparse dictionary's features and a generation steered along one feature.
 #include "cli_util.h"
 #include "golden_capture.h"
 #include "hf_folder.h"
@@ -197,6 +198,90 @@ TEST(CliParallel, GreedyAndSteeredGenerationEqualTheSingleProcessRun) {
       auto par = mpirun(m.np(), a);
       ASSERT_EQ(par.code, 0) << m.name() << ": " << par.err;
       EXPECT_EQ(par.out, single.out) << m.name() << (edited ? " (steered, ablated)" : " (greedy)");
+    }
+  }
+}
+
+TEST(CliParallel, SaeFeaturesAndSteeringEqualTheSingleProcessRun) {
+  // A dictionary spliced under tp/pp/dp sees the whole activation: the
+  // features rank 0 writes, and a generation steered along a feature, are
+  // the single process's (features to the parallel forward's rounding).
+  flex_test::TempDir tmp;
+  at::manual_seed(3);
+  flex::save_safetensors(tmp.str("ids.safetensors"), {{"input_ids", at::randint(0, 200, {4, 9}, at::kLong)}});
+  const std::vector<std::string> capture = {
+      "capture", tiny_model(), "--input-ids", tmp.str("ids.safetensors"), "--sae", flex_test::data_path("sae/topk"),
+      "--sae", flex_test::data_path("sae/jumprelu") + "@blocks.0.hook_resid_post", "--batch-size", "4"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto single = cli_test::run(with(capture, {"--out", tmp.str("single.safetensors")}));
+  ASSERT_EQ(single.code, 0) << single.err;
+  auto want = flex::SafetensorsFile::open(tmp.str("single.safetensors"));
+  const std::vector<std::string> names = {"transformer.h.1.hook_resid_post.sae.", "transformer.h.0.hook_resid_post.sae."};
+  ASSERT_TRUE(want->contains(names[0] + "feature_values")) << "no topk features in the single-process capture";
+  ASSERT_GT(want->get(names[1] + "l0").sum().item<int64_t>(), 0) << "the jumprelu dictionary never fired";
+  for (const Mesh& m : {Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{1, 1, 2}}) {
+    const std::string out = tmp.str(m.name() + ".safetensors");
+    auto par = mpirun(m.np(), with(with(capture, {"--out", out}), m.flags()));
+    ASSERT_EQ(par.code, 0) << m.name() << ": " << par.err;
+    auto got = flex::SafetensorsFile::open(out);
+    for (const auto& n : names) {
+      // Rows hold each token's features by decreasing value, so equal indices
+      // and l0 mean the same active sets in the same order.
+      EXPECT_TRUE(flex_test::equal(got->get(n + "feature_indices"), want->get(n + "feature_indices"))) << m.name() << " " << n;
+      EXPECT_TRUE(flex_test::equal(got->get(n + "l0"), want->get(n + "l0"))) << m.name() << " " << n;
+      EXPECT_TRUE(flex_test::close(got->get(n + "feature_values"), want->get(n + "feature_values"), 1e-4, 1e-5))
+          << m.name() << " " << n;
+    }
+    EXPECT_TRUE(flex_test::close(got->get("logits"), want->get("logits"), 1e-4, 1e-5)) << m.name();
+  }
+  const std::vector<std::string> steer = {"generate", tiny_model(), "--prompt", "hello world", "--max-new-tokens", "6",
+                                          "--sae", flex_test::data_path("sae/topk"), "--steer-feature", "3=200"};
+  auto one = cli_test::run(steer);
+  ASSERT_EQ(one.code, 0) << one.err;
+  auto plain = cli_test::run({"generate", tiny_model(), "--prompt", "hello world", "--max-new-tokens", "6"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(one.out, plain.out) << "steering by 200 changed nothing: the comparison would prove nothing";
+  for (const Mesh& m : {Mesh{2, 1, 1}, Mesh{1, 2, 1}}) {
+    auto par = mpirun(m.np(), with(steer, m.flags()));
+    ASSERT_EQ(par.code, 0) << m.name() << ": " << par.err;
+    EXPECT_EQ(par.out, one.out) << m.name() << " (steered feature)";
+  }
+}
+
+TEST(CliParallel, SaeFeatureShardsEqualTheSingleProcessRun) {
+  // capture --dataset --sae: rank 0's shards hold the features of every
+  // context, whichever stage or data-parallel rank ran the dictionary.
+  flex_test::TempDir tmp;
+  at::manual_seed(4);
+  flex::save_safetensors(tmp.str("corpus.safetensors"), {{"input_ids", at::randint(0, 200, {6, 40}, at::kLong)}});
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"capture", tiny_model(), "--dataset", tmp.str("corpus.safetensors"), "--context-len",
+                                    "16", "--batch-size", "4", "--sae", flex_test::data_path("sae/topk"), "--stream-dir",
+                                    out};
+  };
+  auto single = cli_test::run(args(tmp.str("single")));
+  ASSERT_EQ(single.code, 0) << single.err;
+  flex::ActivationDataset want(tmp.str("single"));
+  const std::string f = "transformer.h.1.hook_resid_post.sae.";
+  for (const Mesh& m : {Mesh{1, 2, 1}, Mesh{1, 1, 2}}) {
+    auto a = args(tmp.str(m.name()));
+    for (const auto& flag : m.flags()) a.push_back(flag);
+    auto par = mpirun(m.np(), a);
+    ASSERT_EQ(par.code, 0) << m.name() << ": " << par.err;
+    flex::ActivationDataset got(tmp.str(m.name()));
+    ASSERT_EQ(got.num_tokens(), want.num_tokens()) << m.name();
+    ASSERT_EQ(got.num_shards(), want.num_shards()) << m.name();
+    for (size_t s = 0; s < want.num_shards(); ++s) {
+      auto g = got.shard(s), w = want.shard(s);
+      EXPECT_TRUE(flex_test::equal(g.token_ids, w.token_ids)) << m.name() << " shard " << s;
+      EXPECT_TRUE(flex_test::equal(g.activations.at(f + "feature_indices"), w.activations.at(f + "feature_indices")))
+          << m.name() << " shard " << s;
+      EXPECT_TRUE(flex_test::close(g.activations.at(f + "feature_values"), w.activations.at(f + "feature_values"), 1e-4,
+                                   1e-5))
+          << m.name() << " shard " << s;
     }
   }
 }

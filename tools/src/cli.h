@@ -185,8 +185,9 @@ int64_t parse_feature_width(const std::string& text);
 /// what capture stores: "<module>.sae.feature_indices" / "feature_values" / "l0".
 class FeatureRecorder {
  public:
-  /// `width`: what take() keeps per token (strongest_features; 0: every active feature).
-  explicit FeatureRecorder(const Splice& splice, int64_t width = 0);
+  /// `width`: what take() keeps per token (strongest_features; 0: every active
+  /// feature). `mesh` (null for one process): what take_gathered collects over.
+  explicit FeatureRecorder(const Splice& splice, int64_t width = 0, std::shared_ptr<const DeviceMesh> mesh = nullptr);
   ~FeatureRecorder();
   FeatureRecorder(const FeatureRecorder&) = delete;
   FeatureRecorder& operator=(const FeatureRecorder&) = delete;
@@ -194,12 +195,19 @@ class FeatureRecorder {
   std::vector<SparseCode> take_codes();
   /// The same, each cut to `width` features per token.
   std::vector<StrongestFeatures> take();
+  /// Collective over the mesh (every rank, after the same forwards): take()'s
+  /// features on rank 0, sent by the pipeline stage that ran the dictionary
+  /// (its tensor- and data-parallel ranks all see the whole activation; one
+  /// sends). Empty on the other ranks; take() without a mesh.
+  std::vector<StrongestFeatures> take_gathered();
   std::string key(const std::string& what) const { return module_ + ".sae." + what; }
   int64_t width() const { return width_; }
 
  private:
   std::string module_;
   int64_t width_;
+  at::ScalarType dtype_;
+  std::shared_ptr<const DeviceMesh> mesh_;
   std::shared_ptr<std::deque<SparseCode>> got_;
   HookHandle handle_;
 };

@@ -206,7 +206,7 @@ int run_capture(const std::vector<std::string>& argv) {
   // Dictionaries first: their hook points (<module>.sae.hook_sae_*) are then --hook-able.
   const std::vector<Splice> splices = splice_saes(fm, args, SpliceMode::Observe);
   std::vector<std::unique_ptr<FeatureRecorder>> recorders;
-  for (const auto& sp : splices) recorders.push_back(std::make_unique<FeatureRecorder>(sp, feature_width));
+  for (const auto& sp : splices) recorders.push_back(std::make_unique<FeatureRecorder>(sp, feature_width, ranks.mesh));
 
   std::vector<std::string> names;
   std::set<std::string> seen;
@@ -289,8 +289,7 @@ int run_capture(const std::vector<std::string>& argv) {
         fm.clear();
       }
       for (size_t i = 0; i < recorders.size(); ++i)
-        for (auto& f : recorders[i]->take())
-          if (ranks.writer()) features[i].push_back(std::move(f));
+        for (auto& f : recorders[i]->take_gathered()) features[i].push_back(std::move(f));  // empty but on rank 0
       progress.step();
     }
   }

@@ -127,19 +127,24 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
                          "--sae-features top:K (l0 records how many were active)");
       width = c.k;
     }
-    auto rec = std::make_shared<FeatureRecorder>(sp, width);
+    auto rec = std::make_shared<FeatureRecorder>(sp, width, ranks.mesh);
     recorders.push_back(rec);
-    // Three columns per dictionary; the first take() of a forward fetches all three.
+    // Three columns per dictionary; the first take() of a forward fetches all
+    // three (on every rank: the gather is collective; rank 0 gets them).
     auto pending = std::make_shared<std::optional<StrongestFeatures>>();
-    auto column = [rec, pending](int which) {
-      return [rec, pending, which](int64_t, int64_t) {
+    const bool writer = ranks.writer();
+    auto column = [rec, pending, writer](int which) {
+      return [rec, pending, writer, which](int64_t, int64_t) {
         if (which == 0) {
-          auto got = rec->take();
+          auto got = rec->take_gathered();
+          pending->reset();
+          if (!writer) return at::Tensor();
           if (got.size() != 1)
             throw ConfigError("dictionary at '" + rec->key("") + "' ran " + std::to_string(got.size()) +
                               " times in one forward (a dataset capture needs one call per forward)");
           *pending = std::move(got[0]);
         }
+        if (!pending->has_value()) return at::Tensor();
         const StrongestFeatures& f = **pending;
         return which == 0 ? f.indices : which == 1 ? f.values : f.l0;
       };

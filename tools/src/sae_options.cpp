@@ -69,8 +69,12 @@ int64_t parse_feature_width(const std::string& text) {
   throw UsageError("option --sae-features: '" + text + "' is not 'active' or 'top:K' with K >= 1");
 }
 
-FeatureRecorder::FeatureRecorder(const Splice& splice, int64_t width)
-    : module_(splice.module), width_(width), got_(std::make_shared<std::deque<SparseCode>>()) {
+FeatureRecorder::FeatureRecorder(const Splice& splice, int64_t width, std::shared_ptr<const DeviceMesh> mesh)
+    : module_(splice.module),
+      width_(width),
+      dtype_(splice.sae->config().dtype),
+      mesh_(mesh && mesh->shape().size() > 1 ? std::move(mesh) : nullptr),
+      got_(std::make_shared<std::deque<SparseCode>>()) {
   auto got = got_;
   handle_ = splice.sae->on_features([got](const SparseCode& code) { got->push_back(code); });
 }
@@ -87,6 +91,43 @@ std::vector<StrongestFeatures> FeatureRecorder::take() {
   std::vector<StrongestFeatures> out;
   for (const auto& code : take_codes()) out.push_back(strongest_features(code, width_));
   return out;
+}
+
+std::vector<StrongestFeatures> FeatureRecorder::take_gathered() {
+  std::vector<StrongestFeatures> local = take();
+  if (!mesh_) return local;
+  const std::shared_ptr<Communicator>& comm = mesh_->comm();
+  // The dictionary sees the whole activation, as every hook does, on every
+  // tensor- and data-parallel rank of the stage that runs it: one sends.
+  const bool sends = mesh_->tp_rank() == 0 && mesh_->dp_rank() == 0;
+  at::Tensor calls = at::full({1}, sends ? static_cast<int64_t>(local.size()) : 0, at::kLong);
+  comm->all_reduce(calls, ReduceOp::Max);
+  std::vector<StrongestFeatures> whole;
+  for (int64_t c = 0; c < calls.item<int64_t>(); ++c) {
+    StrongestFeatures mine;
+    if (sends && c < static_cast<int64_t>(local.size())) {
+      mine = local[c];
+    } else {  // nothing: a [0, 0] placeholder of the right dtypes
+      mine.indices = at::empty({0, 0}, at::kInt);
+      mine.values = at::empty({0, 0}, dtype_);
+      mine.l0 = at::empty({0}, at::kInt);
+    }
+    const std::vector<at::Tensor> idx = comm->gather(mine.indices, 0), val = comm->gather(mine.values, 0),
+                                  l0 = comm->gather(mine.l0, 0);
+    if (comm->rank() != 0) continue;
+    StrongestFeatures f;
+    for (size_t r = 0; r < idx.size(); ++r) {
+      if (idx[r].numel() == 0 && l0[r].numel() == 0) continue;
+      if (f.indices.defined())
+        throw ConfigError("dictionary at '" + module_ + "': features of one forward came from two pipeline stages");
+      f.indices = idx[r];
+      f.values = val[r];
+      f.l0 = l0[r];
+    }
+    if (!f.indices.defined()) f = mine;
+    whole.push_back(std::move(f));
+  }
+  return whole;
 }
 
 }  // namespace flex::cli

@@ -45,8 +45,9 @@ struct DatasetCaptureProgress {
 
 /// A per-token tensor the caller derives from each forward (a dictionary's
 /// sparse features, say), stored beside the hooks' activations under `name`.
-/// take(B, T) runs after every forward and returns [B*T, ...]: floating
-/// tensors are stored in the storage dtype, integer ones as they are.
+/// take(B, T) runs after every forward, on every rank (it may be collective),
+/// and returns [B*T, ...] on the rank that writes (elsewhere: anything):
+/// floating tensors are stored in the storage dtype, integer ones as they are.
 struct DatasetColumn {
   std::string name;
   std::function<at::Tensor(int64_t B, int64_t T)> take;
