@@ -3,6 +3,8 @@
 // mathematically simpler than autograd's route it says so.
 #include <flex/sae/trainer.h>
 
+#include "dense_passes.h"
+
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 #include <flex/sae/sparse_code.h>
@@ -146,6 +148,7 @@ struct SaeTrainer::Forward {
   at::Tensor pre;       // SAELens's hidden_pre (TopK: rescaled by the decoder norms)
   at::Tensor h;         // encoder output before any rescaling
   at::Tensor norms;     // decoder row norms (TopK rescaling, standard L1)
+  at::Tensor act_sums;  // [d_sae] float: activations summed over the batch (standard)
   SparseCode code;      // active features; values: the activations (sparse mode)
   at::Tensor acts;      // [N, d_sae] the activations (dense mode: JumpReLU / standard with many active)
   at::Tensor fired;     // [d_sae] int64 tokens each latent fired on
@@ -310,11 +313,20 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
   } else {
     f.pre = f.h;
     f.norms = W_dec.norm(2, {1});
-    // Standard: relu in place (h > 0 is acts > 0, so h itself is not needed again).
-    const at::Tensor acts = arch == TrainArchitecture::JumpReLU ? f.h * f.h.gt(threshold) : at::relu_(f.h);
-    const at::Tensor on = acts.ne(0);
-    f.fired = on.sum(0);
-    f.nnz = f.fired.sum().item<int64_t>();
+    at::Tensor acts;
+    if (arch == TrainArchitecture::Standard) {
+      // relu in place (h > 0 is acts > 0, so h itself is not needed again),
+      // counting and summing each latent's activations in the same pass.
+      detail::ReluColumns rc = detail::relu_columns_(f.h);
+      acts = f.h;
+      f.fired = rc.fired;
+      f.nnz = rc.nnz;
+      f.act_sums = rc.sums;
+    } else {
+      acts = f.h * f.h.gt(threshold);
+      f.fired = acts.ne(0).sum(0);
+      f.nnz = f.fired.sum().item<int64_t>();
+    }
     f.dense = f.nnz * kDenseFraction > acts.numel();
     if (f.dense) {
       f.acts = acts;  // too many active for sparse products: everything below is dense
@@ -323,7 +335,7 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
       f.coef = f.code.values;
     }
   }
-  if (!f.dense || top_k_like(arch)) {
+  if (top_k_like(arch)) {
     f.fired = at::zeros({o_.d_sae}, at::kLong).index_add_(0, f.code.indices, at::ones_like(f.code.indices));
     f.nnz = f.code.nnz();
   }
@@ -336,9 +348,7 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
   if (o_.skip_connection) f.out = f.out + at::mm(s, W_skip.t());
   f.mse = (f.out - t).pow(2).sum().item<double>() / N;
   if (arch == TrainArchitecture::Standard)
-    f.sparsity = coefficient() *
-                 (f.acts.defined() ? at::mv(f.acts, f.norms).sum() : (f.code.values * f.norms.index_select(0, f.code.indices)).sum())
-                     .item<double>() / N;
+    f.sparsity = coefficient() * at::dot(f.act_sums.to(at::kDouble), f.norms.to(at::kDouble)).item<double>() / N;
   else if (arch == TrainArchitecture::JumpReLU)
     f.sparsity = coefficient() * static_cast<double>(f.nnz) / N;
   if (top_k_like(arch)) {
@@ -369,56 +379,50 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   g.aux_loss = f.aux_loss;
   g.loss = f.mse + f.sparsity + f.aux_loss;
   const at::Tensor go = ((f.out - t) * (2.0 / N)).contiguous();  // dL/dout
-  at::Tensor dW_dec = at::zeros_like(W_dec), dW_encT = at::zeros_like(W_encT);
   g.b_dec = go.sum(0);
   if (o_.skip_connection) g.W_skip = at::mm(go.t(), s);
   // dL/d(coefficient) at the active entries: go . W_dec[f].
   at::Tensor Q;  // dense [N, d_sae] when needed
-  if (!top_k_like(arch)) Q = at::mm(go, W_dec.t());
+  if (arch == TrainArchitecture::JumpReLU || f.acts.defined()) Q = at::mm(go, W_dec.t());
   const double c = coefficient();
+  if (arch == TrainArchitecture::JumpReLU) {
+    // Straight-through gradients of the threshold: JumpReLU (through the
+    // reconstruction) and the L0 step, within the rectangle |h - theta| < bw/2.
+    const double bw = o_.jumprelu_bandwidth;
+    const at::Tensor u = (f.h - threshold) / bw;
+    const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
+    g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
+  }
+  // Standard: L1 of acts x ||W_dec[f]||, so d/dacts = c/N ||W_dec[f]|| and
+  // d/dW_dec[f] = c/N (sum_n acts) W_dec[f] / ||W_dec[f]||.
+  const at::Tensor norm_shift = arch == TrainArchitecture::Standard ? (c / N) * f.norms : at::Tensor();
+  const at::Tensor norm_grad = arch == TrainArchitecture::Standard
+                                   ? W_dec * ((c / N) * f.act_sums / f.norms).unsqueeze(1)
+                                   : at::Tensor();
   if (f.acts.defined()) {
     // Dense mode: the same formulas as below on whole [N, d_sae] tensors.
     // dH is made in Q's storage (it is not needed after).
     at::Tensor& dH = Q;
     if (arch == TrainArchitecture::Standard) {
-      dH.add_((c / N) * f.norms).masked_fill_(f.acts.le(0), 0.0);
-      dW_dec = at::mm(f.acts.t(), go) + W_dec * ((c / N) * f.acts.sum(0) / f.norms).unsqueeze(1);
-      g.threshold = at::Tensor();
+      g.b_enc = detail::mask_shift_columns_(dH, f.acts, norm_shift);
+      g.W_dec = at::addmm(norm_grad, f.acts.t(), go);
     } else {
-      const double bw = o_.jumprelu_bandwidth;
-      const at::Tensor u = (f.h - threshold) / bw;
-      const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
-      g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
       dH.masked_fill_(f.h.le(threshold), 0.0);
-      dW_dec = at::mm(f.acts.t(), go);
+      g.W_dec = at::mm(f.acts.t(), go);
+      g.b_enc = dH.sum(0);
     }
     g.W_enc = at::mm(dH.t(), f.sin).t();  // made as [d_sae, d_in], the layout Adam updates
-    g.b_enc = dH.sum(0);
     if (!o_.transcoder) g.b_dec = g.b_dec - at::mv(W_encT.t(), g.b_enc);
-    g.W_dec = dW_dec;
     return g;
   }
+  at::Tensor dW_dec = norm_grad.defined() ? norm_grad : at::zeros_like(W_dec);
+  at::Tensor dW_encT = at::zeros_like(W_encT);
   add_code_t_dense_(dW_dec, with_values(f.code, f.coef), go);
-  const at::Tensor rows = entry_rows(f.code);
-  const at::Tensor q = Q.defined() ? Q.index({rows, f.code.indices}) : sampled_dots(f.code, go, W_dec);
+  const at::Tensor q =
+      Q.defined() ? Q.index({entry_rows(f.code), f.code.indices}) : sampled_dots(f.code, go, W_dec);
   // dL/dh at the active entries. TopK: the activation over the norm is relu(h)
   // itself, so the norms' gradients through selection and decode cancel.
-  at::Tensor dh = q;
-  g.threshold = at::zeros_like(threshold);
-  if (arch == TrainArchitecture::Standard) {
-    // L1 of acts x ||W_dec[f]||: d/dacts = c/N ||W_dec[f]||; d/dW_dec[f] = c/N (sum_n acts) W_dec[f] / ||W_dec[f]||.
-    dh = q + (c / N) * f.norms.index_select(0, f.code.indices);
-    const at::Tensor acts_sum = column_sums(f.code, f.code.values);
-    dW_dec += W_dec * ((c / N) * acts_sum / f.norms).unsqueeze(1);
-  } else if (arch == TrainArchitecture::JumpReLU) {
-    // Straight-through gradients of the threshold: JumpReLU (through the
-    // reconstruction) and the L0 step, within the rectangle |h - theta| < bw/2.
-    const double bw = o_.jumprelu_bandwidth;
-    const at::Tensor u = (f.h - threshold) / bw;
-    const at::Tensor rect = (u > -0.5).logical_and(u < 0.5);
-    const at::Tensor rect_f = rect.to(at::kFloat);
-    g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
-  }
+  const at::Tensor dh = norm_shift.defined() ? q + norm_shift.index_select(0, f.code.indices) : q;
   SparseCode dcode = with_values(f.code, dh.contiguous());
   add_code_t_dense_(dW_encT, dcode, f.sin);
   g.b_enc = column_sums(f.code, dcode.values);
@@ -434,7 +438,6 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   if (!o_.transcoder) g.b_dec = g.b_dec - at::mv(W_encT.t(), g.b_enc);
   g.W_enc = dW_encT.t();
   g.W_dec = dW_dec;
-  if (arch != TrainArchitecture::JumpReLU) g.threshold = at::Tensor();
   return g;
 }
 
