@@ -4,6 +4,8 @@
 #include <flex/hooks/shape_text.h>
 #include <flex/sae/sparse_code.h>
 
+#include "bounded_top_k.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -121,6 +123,12 @@ at::Tensor SparseDictionary::activate(const at::Tensor& s) {
   }
 }
 
+struct SparseDictionary::BoundedCache {
+  const void* data = nullptr;
+  int64_t version = 0;
+  detail::BoundedEncoder enc;
+};
+
 SparseDictionary::Features SparseDictionary::encode_features(const at::Tensor& x, bool want_dense, bool want_code) {
   if (cfg_.hook_z && x.dim() < 2)
     throw ShapeError(class_name() + ": a hook_z dictionary takes [..., heads, d_head], got " + std::to_string(x.dim()) +
@@ -140,9 +148,21 @@ SparseDictionary::Features SparseDictionary::encode_features(const at::Tensor& x
   if (cfg_.architecture == SaeArchitecture::TopK && !cfg_.rescale_acts_by_decoder_norm && !graph &&
       s.scalar_type() == at::kFloat && s.device().is_cpu()) {
     // The k features go straight into a code: no dense topk, scatter and re-scan.
+    const at::Tensor rows = s.reshape({-1, cfg_.d_in});
+    if (!want_dense && !hooked(hook_sae_acts_pre_) && !hooked(hook_sae_acts_post_) && detail::bounded_top_k_pays() &&
+        W_enc.scalar_type() == at::kFloat && rows.size(0) > 0 && at::isfinite(rows).all().item<bool>()) {
+      if (!bounded_ || bounded_->data != W_enc.data_ptr() || bounded_->version != W_enc._version()) {
+        bounded_ = std::make_shared<BoundedCache>();
+        bounded_->enc = detail::make_bounded_encoder(W_enc);
+        bounded_->data = W_enc.data_ptr();
+        bounded_->version = W_enc._version();
+      }
+      f.code = detail::bounded_top_k_code(bounded_->enc, rows, b_enc, cfg_.k);
+      return f;
+    }
     std::vector<int64_t> shape(s.sizes().begin(), s.sizes().end() - 1);
     shape.push_back(cfg_.d_sae);
-    const at::Tensor h = hook(hook_sae_acts_pre_, at::addmm(b_enc, s.reshape({-1, cfg_.d_in}), W_enc).view(shape));
+    const at::Tensor h = hook(hook_sae_acts_pre_, at::addmm(b_enc, rows, W_enc).view(shape));
     SparseCode code = top_k_code(h, cfg_.k);
     if (!want_dense && !hooked(hook_sae_acts_post_)) {
       f.code = std::move(code);

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -37,8 +38,11 @@ SaeEvaluation evaluate_dictionary(SparseDictionary& sae, const at::Tensor& x, co
   double se = 0;
   at::Tensor fires = at::zeros({sae.config().d_sae}, at::kLong);
   int64_t active = 0;
-  for (int64_t b = 0; b < e.tokens; b += 1024) {
-    const int64_t n = std::min<int64_t>(1024, e.tokens - b);
+  // Tokens per chunk: the dense [chunk, d_sae] activations stay near 64 MiB
+  // (1024 tokens at 16k latents), however many tokens are evaluated.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * sae.config().d_sae));
+  for (int64_t b = 0; b < e.tokens; b += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, e.tokens - b);
     const at::Tensor xb = x.narrow(0, b, n).to(at::kFloat);
     const at::Tensor acts = sae.encode(xb);
     at::Tensor out = sae.decode(acts);

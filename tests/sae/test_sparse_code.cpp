@@ -204,7 +204,8 @@ TEST(SparseCode, ObservedFeaturesAreTheEncodedOnes) {
     for (const auto& c : got) {
       EXPECT_TRUE(flex_test::equal(c.indptr, want.indptr)) << sae->class_name();
       EXPECT_TRUE(flex_test::equal(c.indices, want.indices)) << sae->class_name();
-      EXPECT_TRUE(flex_test::equal(c.values, want.values)) << sae->class_name();
+      // TopK's bounded bfloat16 encoder (bounded_top_k.h) computes the values by its own dot products.
+      EXPECT_TRUE(flex_test::close(c.values, want.values, 1e-5, 1e-6)) << sae->class_name();
     }
     // An edit at hook_sae_acts_post: feature 3 forced on everywhere.
     auto hook = sae->get_submodule("hook_sae_acts_post")->register_forward_hook([](Module&, const Inputs&, Value& out) {

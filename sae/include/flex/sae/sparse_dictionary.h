@@ -55,7 +55,10 @@ class SparseDictionary : public Module {
   /// observers get the code), nothing decoded. A TopK dictionary selects its
   /// k features straight into the code (flex/sae/sparse_code.h: top_k_code)
   /// and makes the dense activations only if a hook on hook_sae_acts_post
-  /// needs them.
+  /// needs them. Where the CPU has AVX512_BF16 and no hook needs the
+  /// pre-activations, the encoder product is taken in bfloat16 with a proven
+  /// error bound, and only the features that bound leaves in contention get
+  /// exact float32 values: the same k features, 2-3x less encoder time.
   void observe(const at::Tensor& x);
   /// Calls `fn` with the features ([N tokens, d_sae], after the hooks on
   /// hook_sae_acts_post) of every forward and observe: how capture records
@@ -96,6 +99,10 @@ class SparseDictionary : public Module {
   // The last encode's normalisation statistics and hook_z head size.
   at::Tensor norm_scale_, norm_mean_, norm_std_;
   std::optional<int64_t> d_head_;
+  // TopK's bounded bfloat16 encoder (bounded_top_k.h), made on first use and
+  // remade when W_enc changes.
+  struct BoundedCache;
+  std::shared_ptr<BoundedCache> bounded_;
   using Observers = std::map<int64_t, std::function<void(const SparseCode&)>>;
   std::shared_ptr<Observers> observers_ = std::make_shared<Observers>();
   int64_t next_observer_ = 0;
