@@ -1,5 +1,7 @@
 #include "attention.h"
 
+#include <flex/hooks/errors.h>
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -116,12 +118,22 @@ void set_attention_block_budget(int64_t bytes) { attend_block_budget.store(std::
 
 const AttendTrace& last_attend_trace() { return attend_trace; }
 
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k_grouped, const at::Tensor& v_grouped, const at::Tensor& allowed,
                   const AttendOptions& opts, Module& hook_attn_probs) {
   attend_trace = AttendTrace{};
+  if (k_grouped.size(1) == 0 || q.size(1) % k_grouped.size(1) != 0 || v_grouped.size(1) != k_grouped.size(1))
+    throw ShapeError("attention: " + std::to_string(q.size(1)) + " query heads cannot share " +
+                     std::to_string(k_grouped.size(1)) + " key and " + std::to_string(v_grouped.size(1)) + " value heads");
   const bool dropout_on = opts.dropout_module ? opts.dropout_module->is_training() && opts.dropout_module->p > 0
                                               : opts.training && opts.dropout_p > 0;
-  if (has_hook(hook_attn_probs) || (opts.dropout_module && has_hook(*opts.dropout_module)) || dropout_on) {
+  const bool eager = has_hook(hook_attn_probs) || (opts.dropout_module && has_hook(*opts.dropout_module)) || dropout_on;
+  if (!eager && decode_attention_applies(q, k_grouped, v_grouped, allowed, opts)) {
+    attend_trace.path = AttendTrace::Path::Decode;
+    return decode_attention(q, k_grouped, v_grouped, allowed, opts.scale());
+  }
+  const int64_t n_rep = q.size(1) / k_grouped.size(1);
+  const at::Tensor k = repeat_kv(k_grouped, n_rep), v = repeat_kv(v_grouped, n_rep);
+  if (eager) {
     attend_trace.path = AttendTrace::Path::Eager;
     return eager_attention(q, k, v, allowed, opts, hook_attn_probs);
   }

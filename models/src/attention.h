@@ -50,8 +50,10 @@ struct AttendOptions {
   double scale() const;
 };
 
-/// q [B, H, T, D], k [B, H, S, D], v [B, H, S, Dv] (key/value heads already
-/// repeated to H) -> z [B, H, T, Dv] in v's dtype. `allowed`: bool, true where
+/// q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] (Hkv divides H: head h
+/// reads key/value head h / (H / Hkv)) -> z [B, H, T, Dv] in v's dtype. A
+/// decode step (T == 1) without hooks reads the grouped heads in place
+/// (decode_attention); the other paths repeat them to H first. `allowed`: bool, true where
 /// query t may see key s, broadcastable as [B or 1, 1, T or 1, S]; undefined =
 /// everything visible. The model's own causal mask (allowed_mask without
 /// padding or past, see is_plain_causal) runs the fused kernel's causal mode.
@@ -59,6 +61,14 @@ struct AttendOptions {
 /// uniformly on every path, as the eager masked_fill(lowest) + softmax does.
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
                   const AttendOptions& opts, Module& hook_attn_probs);
+
+/// The decode kernel (decode_attention.cpp): T == 1, CPU, float32 or
+/// bfloat16 q/k/v alike, no soft-capping or sinks, a mask of [B|1, 1, 1, S]
+/// or none, no autograd graph to record.
+bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                              const AttendOptions& opts);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                            double scale);
 
 /// True when `m` would run a hook when called (a ModelHook or a PyTorch-style one).
 bool has_hook(const Module& m);
@@ -76,7 +86,7 @@ void set_attention_block_budget(int64_t bytes);
 
 /// What the last attend() on this thread did.
 struct AttendTrace {
-  enum class Path { None, Eager, Fused, Chunked } path = Path::None;
+  enum class Path { None, Eager, Fused, Chunked, Decode } path = Path::None;
   bool causal_kernel = false;       // fused: is_causal without a mask
   int64_t blocks = 0;               // chunked: query blocks computed
   int64_t largest_block_bytes = 0;  // chunked: the largest score block's size

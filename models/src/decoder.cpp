@@ -164,10 +164,7 @@ Value DecoderAttention::forward(Inputs inputs) {
     const at::Tensor idx = kv_index_.to(k.device());
     k = k.index_select(1, idx);
     v = v.index_select(1, idx);
-  } else {
-    k = detail::repeat_kv(k, h / kvh);
-    v = detail::repeat_kv(v, h / kvh);
-  }
+  }  // else: grouped heads, which attend reads in place (decode) or repeats
 
   detail::AttendOptions ao;
   if (arch_.multiply_scale) {

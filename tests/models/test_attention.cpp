@@ -15,6 +15,7 @@
 
 #include "../../models/src/attention.h"
 
+#include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 
 
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace flex;
@@ -122,6 +124,51 @@ TEST(Attend, EveryPathEqualsTheFloat64Reference) {
     EXPECT_EQ(seen.sizes(), (at::IntArrayRef{b, h, c.t, s})) << c.what;
     EXPECT_TRUE(close(eager, expected, c.what + ": hooked", 1e-5, 1e-5));
   }
+}
+
+// The decode kernel: one query per row against grouped key/value heads read
+// in place (2 of 8 heads here), float32 and bfloat16, strided caches (a view
+// into a longer buffer), a padded row and a row that sees no key, against the
+// float64 reference on heads repeated by hand; the same bits on 1 and 2 threads.
+TEST(Attend, DecodeKernelReadsGroupedHeadsAsTheirRepeats) {
+  at::manual_seed(31);
+  const int64_t b = 3, h = 8, kvh = 2, s = 37, d = 20;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor q = at::randn({b, h, 1, d}).to(dt);
+    const at::Tensor k = at::randn({b, kvh, s + 5, d}).to(dt).narrow(2, 0, s);  // strided like a cache buffer
+    const at::Tensor v = at::randn({b, kvh, s + 5, d + 3}).to(dt).narrow(2, 0, s);
+    at::Tensor keep = at::ones({b, s}, at::kBool);
+    keep[1].narrow(0, 0, 9).fill_(false);  // left padding
+    keep[2].fill_(false);                  // sees no key
+    const at::Tensor allowed = keep.view({b, 1, 1, s});
+    AttendOptions o;
+    o.divide = {std::sqrt(static_cast<double>(d))};
+    ASSERT_TRUE(fd::decode_attention_applies(q, k, v, allowed, o));
+    Identity probs_point("Identity");
+    at::Tensor one, two;
+    {
+      flex_test::ThreadsGuard g(1);
+      one = fd::attend(q, k, v, allowed, o, probs_point);
+    }
+    EXPECT_EQ(fd::last_attend_trace().path, AttendTrace::Path::Decode);
+    {
+      flex_test::ThreadsGuard g(2);
+      two = fd::attend(q, k, v, allowed, o, probs_point);
+    }
+    EXPECT_TRUE(flex_test::equal(two, one)) << dt;
+    const at::Tensor want = reference(q, fd::repeat_kv(k, h / kvh), fd::repeat_kv(v, h / kvh), allowed, o.scale(), 0);
+    const double tol = dt == at::kFloat ? 1e-5 : 1e-2;
+    EXPECT_TRUE(flex_test::close(one.to(at::kDouble), want, tol, tol)) << dt;
+    // Hooked, the eager path repeats the heads and gives the same result.
+    auto hook = probs_point.register_forward_hook([](Module&, const Inputs&, Value&) {});
+    EXPECT_TRUE(flex_test::close(fd::attend(q, k, v, allowed, o, probs_point).to(at::kDouble), want, tol, tol)) << dt;
+    EXPECT_EQ(fd::last_attend_trace().path, AttendTrace::Path::Eager);
+    hook.remove();
+  }
+  Identity point("Identity");
+  EXPECT_THROW(fd::attend(at::randn({1, 6, 1, 4}), at::randn({1, 4, 3, 4}), at::randn({1, 4, 3, 4}), at::Tensor(),
+                          AttendOptions{}, point),
+               flex::ShapeError);
 }
 
 TEST(Attend, ScoreOrderAndUpcastOptionsMatchTheirFormula) {
@@ -311,7 +358,8 @@ void expect_same(const at::Tensor& fast, const at::Tensor& eager, const at::Tens
 
 // The scenario's steps run unhooked, hooked, and hooked in float64; each
 // step's logits and attention outputs compared. The unhooked path must be the
-// one this libtorch offers, and the first step's prefill must split into blocks.
+// one this libtorch offers (the decode kernel for one query per row), and the
+// first step's prefill must split into blocks.
 void expect_fast_equals_eager(const std::string& name, const std::string& scenario,
                               const std::vector<LMInputs>& steps) {
   auto model = sharpened(name);
@@ -331,7 +379,10 @@ void expect_fast_equals_eager(const std::string& name, const std::string& scenar
       const std::string layer = at_step + ", layer " + std::to_string(l);
       expect_same(fast[i].attn_out[l], eager[i].attn_out[l], ref[i].attn_out[l], layer + ": attention output");
       const AttendTrace& tr = fast[i].traces[l];
-      const auto expected_path = !softcap ? AttendTrace::Path::Fused : AttendTrace::Path::Chunked;
+      // One query per row (a cached step) takes the decode kernel, reading grouped heads in place.
+      const int64_t t_step = steps[i].input_ids.size(1);
+      const auto expected_path = softcap ? AttendTrace::Path::Chunked
+                                         : t_step == 1 ? AttendTrace::Path::Decode : AttendTrace::Path::Fused;
       EXPECT_EQ(tr.path, expected_path) << layer;
       if (tr.path == AttendTrace::Path::Chunked && i == 0) {
         EXPECT_GT(tr.blocks, 2) << layer;
