@@ -1,4 +1,5 @@
 #include "bounded_top_k.h"
+#include "top_k_slots.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
@@ -10,14 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <numeric>
 #include <vector>
 
 namespace flex::detail {
 
 namespace {
 
-constexpr int64_t kRowGrain = 16;
 constexpr double kU = 1.0 / 256;  // bfloat16's unit roundoff
 
 // One row's candidates: index, and the bounds of its value.
@@ -25,15 +24,6 @@ struct Bounds {
   int64_t index;
   float lo, hi;
 };
-
-// Values per chunk whose maxima bound the k-th largest lower bound from
-// below (with at least k chunks, the k-th largest chunk maximum is reached by
-// >= k lower bounds).
-int64_t chunk_size(int64_t D, int64_t k) {
-  int64_t s = 64;
-  while (s > 1 && D / s < 4 * k) s /= 2;
-  return s;
-}
 
 }  // namespace
 
@@ -69,7 +59,8 @@ SparseCode bounded_top_k_code(const BoundedEncoder& enc, const at::Tensor& s_in,
 
   // Candidates per row (CSR), found in parallel into per-row vectors.
   std::vector<std::vector<int64_t>> cand(N);
-  const int64_t cs = chunk_size(D, k), chunks = (D + cs - 1) / cs;
+  // Chunk maxima of the lower bounds bound the k-th largest lower bound from below.
+  const int64_t cs = top_k_chunk_size(D, k), chunks = (D + cs - 1) / cs;
   at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> lo(D), hi(D), maxima(chunks);
     std::vector<Bounds> got;
@@ -125,8 +116,7 @@ SparseCode bounded_top_k_code(const BoundedEncoder& enc, const at::Tensor& s_in,
   const at::Tensor exact = sampled_dots(cc, s, enc.wT);
   const float* ev = exact.const_data_ptr<float>();
 
-  std::vector<int64_t> counts(N + 1, 0), slot_idx(N * k);
-  std::vector<float> slot_val(N * k);
+  TopKSlots slots(N, D, k);
   at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<std::pair<float, int64_t>> row;
     for (int64_t n = begin; n < end; ++n) {
@@ -139,28 +129,14 @@ SparseCode bounded_top_k_code(const BoundedEncoder& enc, const at::Tensor& s_in,
       const int64_t keep = std::min<int64_t>(k, row.size());
       std::partial_sort(row.begin(), row.begin() + keep, row.end(), larger);
       std::sort(row.begin(), row.begin() + keep, [](const auto& a, const auto& b) { return a.second < b.second; });
-      counts[n + 1] = keep;
+      slots.count[n] = keep;
       for (int64_t j = 0; j < keep; ++j) {
-        slot_idx[n * k + j] = row[j].second;
-        slot_val[n * k + j] = row[j].first;
+        slots.index[n * k + j] = row[j].second;
+        slots.value[n * k + j] = row[j].first;
       }
     }
   });
-  std::vector<int64_t> lens(counts.begin() + 1, counts.end());
-  std::partial_sum(counts.begin(), counts.end(), counts.begin());
-  SparseCode c;
-  c.rows = N;
-  c.width = D;
-  c.indptr = at::tensor(counts, at::kLong);
-  c.indices = at::empty({counts[N]}, at::kLong);
-  c.values = at::empty({counts[N]}, at::kFloat);
-  int64_t* oi = c.indices.data_ptr<int64_t>();
-  float* ov = c.values.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    std::copy_n(slot_idx.begin() + n * k, lens[n], oi + counts[n]);
-    std::copy_n(slot_val.begin() + n * k, lens[n], ov + counts[n]);
-  }
-  return c;
+  return slots.to_code();
 }
 
 }  // namespace flex::detail

@@ -1,5 +1,7 @@
 #include <flex/sae/sparse_code.h>
 
+#include "top_k_slots.h"
+
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 
@@ -14,12 +16,7 @@
 
 namespace flex {
 
-namespace {
-
-// Rows per parallel task: enough work (d_sae values each) to pay for a task.
-constexpr int64_t kRowGrain = 16;
-
-}  // namespace
+using detail::kRowGrain;
 
 namespace {
 
@@ -107,18 +104,10 @@ struct Candidate {
   bool operator<(const Candidate& o) const { return value > o.value || (value == o.value && index < o.index); }
 };
 
-// Values per chunk whose maxima bound the k-th largest value from below: with
-// at least k chunks, the k-th largest chunk maximum is reached by >= k values.
-int64_t chunk_size(int64_t D, int64_t k) {
-  int64_t s = 64;
-  while (s > 1 && D / s < 4 * k) s /= 2;
-  return s;
-}
-
 // The k largest positive values of one row of D floats into `out`, by index.
 void top_k_row(const float* row, int64_t D, int64_t k, std::vector<float>& maxima, std::vector<Candidate>& out) {
   out.clear();
-  const int64_t s = chunk_size(D, k), chunks = (D + s - 1) / s;
+  const int64_t s = detail::top_k_chunk_size(D, k), chunks = (D + s - 1) / s;
   float threshold = 0.0f;  // only positive values survive the relu
   if (chunks > k) {
     maxima.resize(chunks);
@@ -145,47 +134,59 @@ void top_k_row(const float* row, int64_t D, int64_t k, std::vector<float>& maxim
 
 }  // namespace
 
+namespace detail {
+
+int64_t top_k_chunk_size(int64_t D, int64_t k) {
+  int64_t s = 64;
+  while (s > 1 && D / s < 4 * k) s /= 2;
+  return s;
+}
+
+SparseCode TopKSlots::to_code() const {
+  SparseCode c;
+  c.rows = rows;
+  c.width = width;
+  std::vector<int64_t> ptr(rows + 1, 0);
+  std::partial_sum(count.begin(), count.end(), ptr.begin() + 1);
+  c.indptr = at::tensor(ptr, at::kLong);
+  c.indices = at::empty({ptr[rows]}, at::kLong);
+  c.values = at::empty({ptr[rows]}, at::kFloat);
+  int64_t* idx = c.indices.data_ptr<int64_t>();
+  float* val = c.values.data_ptr<float>();
+  for (int64_t n = 0; n < rows; ++n) {
+    std::copy_n(index.begin() + n * k, count[n], idx + ptr[n]);
+    std::copy_n(value.begin() + n * k, count[n], val + ptr[n]);
+  }
+  return c;
+}
+
+}  // namespace detail
+
 SparseCode top_k_code(const at::Tensor& pre, int64_t k) {
   if (pre.dim() < 1) throw ShapeError("top_k_code: pre-activations need at least one dim, got a scalar");
   if (!pre.device().is_cpu() || pre.scalar_type() != at::kFloat)
     throw ConfigError("top_k_code: pre-activations must be float32 on the CPU");
-  SparseCode c;
-  c.width = pre.size(-1);
-  if (k < 1 || k > c.width)
-    throw ConfigError("top_k_code: k = " + std::to_string(k) + " for rows of " + std::to_string(c.width) + " features");
-  const at::Tensor a = pre.reshape({-1, c.width}).contiguous();
-  c.rows = a.size(0);
-  const int64_t N = c.rows, D = c.width;
+  const int64_t D = pre.size(-1);
+  if (k < 1 || k > D)
+    throw ConfigError("top_k_code: k = " + std::to_string(k) + " for rows of " + std::to_string(D) + " features");
+  const at::Tensor a = pre.reshape({-1, D}).contiguous();
+  const int64_t N = a.size(0);
   // Each row keeps at most k: fill fixed slots of k, then compact.
-  std::vector<int64_t> counts(N + 1, 0);
-  std::vector<int64_t> slot_idx(N * k);
-  std::vector<float> slot_val(N * k);
+  detail::TopKSlots slots(N, D, k);
   const float* p = a.const_data_ptr<float>();
   at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> maxima;
     std::vector<Candidate> got;
     for (int64_t n = begin; n < end; ++n) {
       top_k_row(p + n * D, D, k, maxima, got);
-      counts[n + 1] = static_cast<int64_t>(got.size());
+      slots.count[n] = static_cast<int64_t>(got.size());
       for (size_t j = 0; j < got.size(); ++j) {
-        slot_idx[n * k + j] = got[j].index;
-        slot_val[n * k + j] = got[j].value;
+        slots.index[n * k + j] = got[j].index;
+        slots.value[n * k + j] = got[j].value;
       }
     }
   });
-  std::vector<int64_t> lens(counts.begin() + 1, counts.end());
-  std::partial_sum(counts.begin(), counts.end(), counts.begin());
-  const int64_t nnz = counts[N];
-  c.indptr = at::tensor(counts, at::kLong);
-  c.indices = at::empty({nnz}, at::kLong);
-  c.values = at::empty({nnz}, at::kFloat);
-  int64_t* idx = c.indices.data_ptr<int64_t>();
-  float* val = c.values.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    std::copy_n(slot_idx.begin() + n * k, lens[n], idx + counts[n]);
-    std::copy_n(slot_val.begin() + n * k, lens[n], val + counts[n]);
-  }
-  return c;
+  return slots.to_code();
 }
 
 at::Tensor densify(const SparseCode& code) {
