@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <flex/hooks/errors.h>
+#include <flex/kernels/memory_reuse.h>
 
 #include <c10/util/Exception.h>
 
@@ -54,6 +55,9 @@ int fail(int code, const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every command runs forward after forward (or training steps): freed
+  // activations are reused rather than page-faulted in again.
+  flex::keep_freed_memory();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;
