@@ -136,6 +136,9 @@ def parse_args():
     p.add_argument("--data-seed", type=int, default=1234, help="synthetic dataset seed")
     p.add_argument("--flex-timeout", type=float, default=1800, help="seconds one flexmodel run may take")
     p.add_argument("--quick", action="store_true", help="dry run: 1 repeat of 2 steps")
+    p.add_argument("--peer-malloc", choices=["default", "kept"], default="default",
+                   help="SAELens's process: glibc's malloc as shipped (default), or keeping freed memory as "
+                        "flexmodel's command line and `import flexmodel` do (kept)")
     a = p.parse_args()
     if a.quick:
         a.reps = 1
@@ -239,7 +242,11 @@ def ensure_dataset(a, ddir):
 
 
 def check_with_flexmodel_reader(a, ddir):
-    """Reads the dataset with flexmodel's C++ reader (through its Python package) when that imports."""
+    """Reads the dataset with flexmodel's C++ reader (through its Python package) when that imports.
+    Importing flexmodel would set this process's malloc to keep freed memory (SAELens trains here):
+    --peer-malloc default keeps SAELens on glibc's settings as shipped."""
+    if a.peer_malloc == "default":
+        os.environ["FLEXMODEL_KEEP_FREED_MEMORY"] = "0"
     try:
         import flexmodel  # noqa: F401
         from flexmodel.activation_datasets import ActivationDataset
@@ -377,6 +384,7 @@ def run_flexmodel(arch, a, ddir, out):
     shutil.rmtree(out, ignore_errors=True)
     cmd = flex_command(arch, a, ddir, out)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    env.pop("FLEXMODEL_KEEP_FREED_MEMORY", None)  # the command line as it ships
     res = {"tokens_per_s": None, "command": " ".join(cmd)}
     t0 = time.perf_counter()
     try:
@@ -434,7 +442,7 @@ def main():
         "d_in": D_IN, "d_sae": a.d_sae, "batch_tokens": a.batch_tokens, "tokens_per_run": a.tokens,
         "steps_per_run": a.tokens // a.batch_tokens, "reps": a.reps, "lr": a.lr, "seed": a.seed, "hook": a.hook,
         "dataset": str(ddir), "dataset_tokens": a.dataset_tokens, "archs": a.archs, "quick": a.quick,
-        "loadavg_start": load_start,
+        "loadavg_start": load_start, "saelens_malloc": a.peer_malloc,
     }
     print(f"torch {info['torch']}, sae_lens {info['sae_lens']}, {info['cpu']} ({info['cpus']} cpus), "
           f"{a.threads} threads; load average {load_start[0]:.2f}", flush=True)
@@ -490,7 +498,8 @@ def main():
     steps = a.tokens // a.batch_tokens
     print()
     print(f"SAE training, d_in {D_IN} x d_sae {a.d_sae}, batch {a.batch_tokens} tokens, {a.tokens} tokens "
-          f"({steps} steps) per run, {a.threads} threads, median of {a.reps} repeat(s), tokens/s:")
+          f"({steps} steps) per run, {a.threads} threads, median of {a.reps} repeat(s), tokens/s; SAELens's "
+          f"malloc: {'as shipped' if a.peer_malloc == 'default' else 'keeping freed memory, as flexmodel'}:")
     print()
     print("| architecture | SAELens 6.54 | flexmodel | flexmodel / SAELens | SAELens per repeat | flexmodel per repeat |")
     print("|---|---|---|---|---|---|")

@@ -12,7 +12,7 @@ namespace flex {
 /// blocks (large ones come from the heap too) and no trimming of the heap
 /// top, so the resident size stays at its high-water mark instead of
 /// following each batch up and down. For processes that run many forwards:
-/// the command line calls it first; the Python package on import unless
+/// the command line and the Python package call it first thing unless
 /// FLEXMODEL_KEEP_FREED_MEMORY=0. A no-op outside glibc; idempotent.
 /// Returns whether the settings took.
 bool keep_freed_memory();
