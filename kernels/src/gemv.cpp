@@ -219,12 +219,13 @@ void gemv_rows(Isa isa, const Gemv<T>& a, int64_t m0, int64_t j0, int64_t j1, fl
   }
 }
 
-// InOut: out[m, j0:j1] += x[m, k] * W[k, j0:j1] for every k, in float in
-// acc (G x (j1 - j0)), then stored.
+// InOut: acc[m, 0:j1-j0] += x[m, k] * W[k, j0:j1] for the rows k in
+// [k0, k1), in float.
 template <typename T>
-void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t j0, int64_t j1, float* acc) {
+void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, int64_t j0, int64_t j1,
+                        float* acc) {
   const int64_t w = j1 - j0;
-  for (int64_t k = 0; k < a.K; ++k) {
+  for (int64_t k = k0; k < k1; ++k) {
     const T* row = a.w + k * N + j0;
     for (int64_t m = 0; m < M; ++m) {
       const float xv = a.xf[m * a.K + k];
@@ -237,10 +238,11 @@ void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t j0, int6
 // Four weight rows per pass: each accumulator is loaded and stored once per
 // four rows (not once per row), and four row streams are read at once.
 template <typename T>
-FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t N, int64_t j0, int64_t j1, float* acc) {
+FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, int64_t j0,
+                                           int64_t j1, float* acc) {
   const int64_t w = j1 - j0;
-  int64_t k = 0;
-  for (; k + 4 <= a.K; k += 4) {
+  int64_t k = k0;
+  for (; k + 4 <= k1; k += 4) {
     const T* row = a.w + k * N + j0;
     for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(row + (4 + r) * N), _MM_HINT_T0);
     for (int64_t j = 0; j < w; j += 16) {
@@ -259,7 +261,7 @@ FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t 
       }
     }
   }
-  for (; k < a.K; ++k) {
+  for (; k < k1; ++k) {
     const T* row = a.w + k * N + j0;
     for (int64_t j = 0; j < w; j += 16) {
       const __mmask16 mask = w - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (w - j)) - 1);
@@ -295,15 +297,30 @@ void run_gemv(const at::Tensor& xc, const at::Tensor& weight, bool out_in, int64
                   kBf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr,
                   xf.defined() ? xf.data_ptr<float>() : nullptr, K};
   if (!out_in) {
-    // Bands of 64 output columns; a thread's bands are contiguous.
-    at::parallel_for(0, (N + 63) / 64, 1, [&](int64_t b0, int64_t b1) {
-      const int64_t j0 = b0 * 64, j1 = std::min(N, b1 * 64), w = j1 - j0;
-      std::vector<float> acc(M * w, 0.0f);
+    // Chunks of kInOutRows rows, each a contiguous run of the weight that one
+    // thread streams whole (a band of columns would be a few KB of each row,
+    // too short for the hardware prefetcher), into its own partial sums;
+    // then the partials are added in chunk order. Chunks depend on K alone:
+    // the same bits for any thread count.
+    constexpr int64_t kInOutRows = 64;
+    const int64_t chunks = (K + kInOutRows - 1) / kInOutRows;
+    std::vector<float> part(static_cast<size_t>(chunks * M * N), 0.0f);
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t k0 = c * kInOutRows, k1 = std::min(K, k0 + kInOutRows);
+        float* acc = part.data() + c * M * N;
 #if FLEX_HAVE_X86_KERNELS
-      if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, j0, j1, acc.data());
+        if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, k0, k1, 0, N, acc);
 #endif
-      if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, j0, j1, acc.data());
-      for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + j0, acc.data() + m * w, w * sizeof(float));
+        if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, k0, k1, 0, N, acc);
+      }
+    });
+    at::parallel_for(0, M * N, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float sum = part[i];
+        for (int64_t c = 1; c < chunks; ++c) sum += part[c * M * N + i];
+        op[i] = sum;
+      }
     });
     return;
   }
