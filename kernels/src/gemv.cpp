@@ -219,17 +219,15 @@ void gemv_rows(Isa isa, const Gemv<T>& a, int64_t m0, int64_t j0, int64_t j1, fl
   }
 }
 
-// InOut: acc[m, 0:j1-j0] += x[m, k] * W[k, j0:j1] for the rows k in
-// [k0, k1), in float.
+// InOut: acc[m, :] += x[m, k] * W[k, :] for the rows k in [k0, k1), in
+// float (acc is [M, N]).
 template <typename T>
-void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, int64_t j0, int64_t j1,
-                        float* acc) {
-  const int64_t w = j1 - j0;
+void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, float* acc) {
   for (int64_t k = k0; k < k1; ++k) {
-    const T* row = a.w + k * N + j0;
+    const T* row = a.w + k * N;
     for (int64_t m = 0; m < M; ++m) {
       const float xv = a.xf[m * a.K + k];
-      for (int64_t j = 0; j < w; ++j) acc[m * w + j] += xv * to_float(row[j]);
+      for (int64_t j = 0; j < N; ++j) acc[m * N + j] += xv * to_float(row[j]);
     }
   }
 }
@@ -238,20 +236,18 @@ void gemv_in_out_scalar(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int6
 // Four weight rows per pass: each accumulator is loaded and stored once per
 // four rows (not once per row), and four row streams are read at once.
 template <typename T>
-FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, int64_t j0,
-                                           int64_t j1, float* acc) {
-  const int64_t w = j1 - j0;
+FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t N, int64_t k0, int64_t k1, float* acc) {
   int64_t k = k0;
   for (; k + 4 <= k1; k += 4) {
-    const T* row = a.w + k * N + j0;
+    const T* row = a.w + k * N;
     for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(row + (4 + r) * N), _MM_HINT_T0);
-    for (int64_t j = 0; j < w; j += 16) {
-      const __mmask16 mask = w - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (w - j)) - 1);
+    for (int64_t j = 0; j < N; j += 16) {
+      const __mmask16 mask = N - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (N - j)) - 1);
       const __m512 w0 = load16(row + j, mask), w1 = load16(row + N + j, mask);
       const __m512 w2 = load16(row + 2 * N + j, mask), w3 = load16(row + 3 * N + j, mask);
       for (int64_t m = 0; m < M; ++m) {
         const float* x = a.xf + m * a.K + k;
-        float* o = acc + m * w + j;
+        float* o = acc + m * N + j;
         __m512 s = _mm512_maskz_loadu_ps(mask, o);
         s = _mm512_fmadd_ps(_mm512_set1_ps(x[0]), w0, s);
         s = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), w1, s);
@@ -262,12 +258,12 @@ FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t 
     }
   }
   for (; k < k1; ++k) {
-    const T* row = a.w + k * N + j0;
-    for (int64_t j = 0; j < w; j += 16) {
-      const __mmask16 mask = w - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (w - j)) - 1);
+    const T* row = a.w + k * N;
+    for (int64_t j = 0; j < N; j += 16) {
+      const __mmask16 mask = N - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (N - j)) - 1);
       const __m512 wv = load16(row + j, mask);
       for (int64_t m = 0; m < M; ++m) {
-        float* o = acc + m * w + j;
+        float* o = acc + m * N + j;
         _mm512_mask_storeu_ps(o, mask, _mm512_fmadd_ps(_mm512_set1_ps(a.xf[m * a.K + k]), wv, _mm512_maskz_loadu_ps(mask, o)));
       }
     }
@@ -310,9 +306,9 @@ void run_gemv(const at::Tensor& xc, const at::Tensor& weight, bool out_in, int64
         const int64_t k0 = c * kInOutRows, k1 = std::min(K, k0 + kInOutRows);
         float* acc = part.data() + c * M * N;
 #if FLEX_HAVE_X86_KERNELS
-        if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, k0, k1, 0, N, acc);
+        if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, k0, k1, acc);
 #endif
-        if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, k0, k1, 0, N, acc);
+        if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, k0, k1, acc);
       }
     });
     at::parallel_for(0, M * N, 4096, [&](int64_t i0, int64_t i1) {

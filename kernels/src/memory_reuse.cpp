@@ -1,5 +1,8 @@
 #include <flex/kernels/memory_reuse.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -7,6 +10,8 @@
 namespace flex {
 
 bool keep_freed_memory() {
+  const char* keep = std::getenv("FLEXMODEL_KEEP_FREED_MEMORY");
+  if (keep && std::strcmp(keep, "0") == 0) return false;  // the process's owner said no
 #if defined(__GLIBC__)
   // A heap that cannot grow by brk() (another mapping above it) still falls
   // back to mmap() inside glibc, so no allocation fails for these settings.

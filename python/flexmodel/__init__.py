@@ -30,14 +30,11 @@ _check_torch()
 
 from . import _C  # noqa: E402  (after the version check: a mismatched libtorch may not even load)
 
-import os as _os  # noqa: E402
-
 # Forwards allocate and free the same activation-sized blocks again and again, and a capture keeps
 # its tensors until the next forward: glibc would serve them with fresh, page-faulted memory every
 # time (up to a third of a capturing forward). Freed memory is kept for reuse instead; the process's
 # resident size then stays at its high-water mark. FLEXMODEL_KEEP_FREED_MEMORY=0 leaves malloc alone.
-if _os.environ.get("FLEXMODEL_KEEP_FREED_MEMORY", "1") != "0":
-    _C.keep_freed_memory()
+_C.keep_freed_memory()
 from .errors import (  # noqa: E402,F401
     ConfigError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError, NumericError,
     ShapeError, UnsupportedError)

@@ -10,7 +10,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("torch_version") = FLEX_BUILT_TORCH_VERSION;
   m.def("keep_freed_memory", &flex::keep_freed_memory,
         "Makes this process's malloc keep freed memory for reuse (flex/kernels/memory_reuse.h); "
-        "flexmodel/__init__.py calls it unless FLEXMODEL_KEEP_FREED_MEMORY=0.");
+        "flexmodel/__init__.py calls it on import; FLEXMODEL_KEEP_FREED_MEMORY=0 makes it a no-op.");
   flex::python::bind_errors(m);
   flex::python::bind_modules(m);
   flex::python::bind_dispatch(m);

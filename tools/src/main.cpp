@@ -57,8 +57,7 @@ int fail(int code, const std::string& message) {
 int main(int argc, char** argv) {
   // Every command runs forward after forward (or training steps): freed
   // activations are reused rather than page-faulted in again (design 32).
-  const char* keep = std::getenv("FLEXMODEL_KEEP_FREED_MEMORY");
-  if (!keep || std::string(keep) != "0") flex::keep_freed_memory();
+  flex::keep_freed_memory();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;

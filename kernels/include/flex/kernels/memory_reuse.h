@@ -12,9 +12,9 @@ namespace flex {
 /// blocks (large ones come from the heap too) and no trimming of the heap
 /// top, so the resident size stays at its high-water mark instead of
 /// following each batch up and down. For processes that run many forwards:
-/// the command line and the Python package call it first thing unless
-/// FLEXMODEL_KEEP_FREED_MEMORY=0. A no-op outside glibc; idempotent.
-/// Returns whether the settings took.
+/// the command line and the Python package call it first thing. A no-op
+/// (returning false) when FLEXMODEL_KEEP_FREED_MEMORY=0 and outside glibc;
+/// idempotent. Returns whether the settings took.
 bool keep_freed_memory();
 
 }  // namespace flex
