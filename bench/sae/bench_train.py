@@ -9,6 +9,7 @@ Run with the SAE reference venv (torch 2.13.0+cpu, sae-lens 6.54.12) from the re
         [--reps 3] [--tokens 65536] [--batch-tokens 4096] [--dataset-tokens 262144]
         [--archs topk,jumprelu,standard]   # batchtopk also works
         [--threads 2] [--seed 0]
+        [--starts random,trained] [--pretrain-tokens 393216] [--pretrain-batch-tokens 1024] [--pretrain-lr 1e-3]
     --quick: a dry run, 1 repeat of 2 steps.
 
 PYTHONPATH is optional: the script needs only torch, safetensors and sae_lens. When the flexmodel
@@ -27,7 +28,15 @@ What it does
    directions drawn (power-law frequencies) from 4096 unit directions in R^768, exponential
    magnitudes, plus a shared mean vector and Gaussian noise, scaled to norm ~70 (about a GPT-2
    residual stream). Everything comes from --data-seed.
-2. For each repeat, for each architecture, runs SAELens and then flexmodel (the order flips
+2. Two starting points (--starts). "random": both tools initialise the dictionary as they do, the
+   first steps of a run, when a third or more of the latents of standard and JumpReLU SAEs fire.
+   "trained": both continue from one dictionary that flexmodel trains first (untimed, cached in
+   --work as pretrained-ARCH, rerun when its command or the dataset changes), the sparsity of the
+   rest of a run. SAELens's training SAE gets its weights with the scaling factor unfolded as
+   `flexmodel train-sae --from-pretrained` unfolds them (start_from_dictionary()); Adam starts
+   fresh on both sides. SAELens's cost per step does not depend on how many latents fire;
+   flexmodel's sparse products do.
+3. For each repeat, for each start and architecture, runs SAELens and then flexmodel (the order flips
    every repeat) on the first --tokens tokens of that dataset, in dataset order (no shuffle):
    - SAELens: TopKTrainingSAE / JumpReLUTrainingSAE / StandardTrainingSAE (d_in 768, d_sae
      16*768) driven by sae_lens.training.sae_trainer.SAETrainer, exactly as SAETrainer.fit()
@@ -39,11 +48,11 @@ What it does
      dataset loading and the normalisation estimate are not timed.
    - flexmodel: `flexmodel train-sae --activations DIR --hook H --architecture A --d-sae N
      [--k 64 | --l0-coefficient 1.0 | --l1 5] --lr LR --batch-tokens B --total-tokens T
-     --out DIR --seed S --eval-tokens 0` with OMP_NUM_THREADS=--threads; tokens/s is the number
+     --out DIR --seed S --eval-tokens 0 [--from-pretrained DIR]` with OMP_NUM_THREADS=--threads; tokens/s is the number
      before " tokens/s" on its stderr line starting "flexmodel: trained". If the binary is
      missing, fails, or prints no such line, that column reads n/a (and the tail of its
      stderr is printed; the median is over the runs that succeeded).
-3. Prints a markdown table of medians (and each repeat), flexmodel/SAELens, the 1-minute load
+4. Prints a markdown table of medians (and each repeat), flexmodel/SAELens, the 1-minute load
    average at start and end (the end value includes the benchmark's own busy threads: about
    --threads on an otherwise idle machine), versions and CPU, and writes results.json to --work.
 
@@ -136,6 +145,14 @@ def parse_args():
     p.add_argument("--data-seed", type=int, default=1234, help="synthetic dataset seed")
     p.add_argument("--flex-timeout", type=float, default=1800, help="seconds one flexmodel run may take")
     p.add_argument("--quick", action="store_true", help="dry run: 1 repeat of 2 steps")
+    p.add_argument("--starts", default="random,trained",
+                   help="comma list: random (a fresh initialisation, the first steps of a run: many latents "
+                        "fire) and trained (both tools continue from one dictionary flexmodel trained first: "
+                        "the L0 of the rest of a run)")
+    p.add_argument("--pretrain-tokens", type=int, default=393216,
+                   help="trained start: tokens of the pre-training run (untimed, cached in --work)")
+    p.add_argument("--pretrain-batch-tokens", type=int, default=1024)
+    p.add_argument("--pretrain-lr", type=float, default=1e-3)
     p.add_argument("--peer-malloc", choices=["default", "kept"], default="default",
                    help="SAELens's process: glibc's malloc as shipped (default), or keeping freed memory as "
                         "flexmodel's command line and `import flexmodel` do (kept)")
@@ -144,6 +161,12 @@ def parse_args():
         a.reps = 1
         a.tokens = 2 * a.batch_tokens
     a.archs = [s.strip() for s in a.archs.split(",") if s.strip()]
+    a.starts = [s.strip() for s in a.starts.split(",") if s.strip()]
+    for start in a.starts:
+        if start not in ("random", "trained"):
+            p.error(f"unknown start {start!r}")
+    if a.quick:
+        a.pretrain_tokens = 4 * a.pretrain_batch_tokens
     for arch in a.archs:
         if arch not in ("topk", "batchtopk", "jumprelu", "standard"):
             p.error(f"unknown architecture {arch!r}")
@@ -307,8 +330,27 @@ def saelens_sae(arch, a):
     raise ValueError(arch)
 
 
-def run_saelens(arch, a, batches):
-    """Trains on `batches` ([batch_tokens, D_IN] each) with SAETrainer's step loop; returns a dict."""
+def start_from_dictionary(sae, trainer, folder):
+    """SAELens's training SAE set to the dictionary in `folder` (SAELens's format, scaling folded in):
+    the weights unfolded with the trainer's scaling factor c, as `flexmodel train-sae --from-pretrained`
+    unfolds them with its own (W_enc / c, W_dec * c, b_dec * c; b_enc and the threshold as saved)."""
+    c = trainer.activation_scaler.scaling_factor
+    with safe_open(str(folder / "sae_weights.safetensors"), framework="pt") as f:
+        w = {k: f.get_tensor(k).float() for k in f.keys()}
+    with torch.no_grad():
+        sae.W_enc.copy_(w["W_enc"] / c)
+        sae.W_dec.copy_(w["W_dec"] * c)
+        sae.b_dec.copy_(w["b_dec"] * c)
+        sae.b_enc.copy_(w["b_enc"])
+        if hasattr(sae, "threshold") and "threshold" in w:
+            sae.threshold.copy_(w["threshold"])
+        if hasattr(sae, "topk_threshold") and "threshold" in w:
+            sae.topk_threshold.fill_(w["threshold"].mean().item() * c)
+
+
+def run_saelens(arch, a, batches, start_dir=None):
+    """Trains on `batches` ([batch_tokens, D_IN] each) with SAETrainer's step loop; returns a dict.
+    start_dir: a dictionary to continue from (else SAELens's random initialisation)."""
     torch.manual_seed(a.seed)
     sae = saelens_sae(arch, a)
     n_steps = len(batches)
@@ -327,6 +369,8 @@ def run_saelens(arch, a, batches):
     trainer.activation_scaler.scaling_factor = D_IN**0.5 / batches[0].norm(dim=-1).float().mean().item()
     with torch.no_grad():
         sae.b_dec.copy_(trainer.activation_scaler(batches[0]).mean(0))
+    if start_dir is not None:
+        start_from_dictionary(sae, trainer, start_dir)
     sae.to(cfg.device)
 
     def one_step(batch):
@@ -359,30 +403,71 @@ def run_saelens(arch, a, batches):
 TRAINED_RE = re.compile(r"(\d[\d,]*(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*tokens/s")
 
 
-def flex_command(arch, a, ddir, out):
-    cmd = [a.flexmodel, "train-sae", "--activations", str(ddir), "--hook", a.hook, "--architecture", arch,
-           "--d-sae", str(a.d_sae)]
+def arch_flags(arch):
     if arch in ("topk", "batchtopk"):
-        cmd += ["--k", str(TOPK_K)]
-    elif arch == "jumprelu":
-        cmd += ["--l0-coefficient", str(L0_COEFFICIENT)]
-    elif arch == "standard":
-        cmd += ["--l1", str(L1_COEFFICIENT)]
+        return ["--k", str(TOPK_K)]
+    if arch == "jumprelu":
+        return ["--l0-coefficient", str(L0_COEFFICIENT)]
+    return ["--l1", str(L1_COEFFICIENT)]
+
+
+def flex_command(arch, a, ddir, out, start_dir=None):
+    cmd = [a.flexmodel, "train-sae", "--activations", str(ddir), "--hook", a.hook, "--architecture", arch,
+           "--d-sae", str(a.d_sae)] + arch_flags(arch)
     cmd += ["--lr", str(a.lr), "--batch-tokens", str(a.batch_tokens), "--total-tokens", str(a.tokens),
             "--out", str(out), "--seed", str(a.seed), "--eval-tokens", "0",
             # One checkpoint, at the end (after the rate is taken): SAELens writes none in its loop.
             "--checkpoint-every", str(a.tokens)]
+    if start_dir is not None:
+        cmd += ["--from-pretrained", str(start_dir)]
     return cmd
+
+
+def last_metrics(out):
+    """The last line of a run's metrics.jsonl (step, loss, l0, explained_variance, ...), or {}."""
+    try:
+        lines = (pathlib.Path(out) / "metrics.jsonl").read_text().strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def ensure_pretrained(arch, a, ddir, work):
+    """The trained start: a dictionary flexmodel trains first (untimed) at --pretrain-lr on batches of
+    --pretrain-batch-tokens, written once to work/pretrained-ARCH and reused while its command is unchanged.
+    Returns (folder, its last metrics line)."""
+    out = work / f"pretrained-{arch}"
+    cmd = [a.flexmodel, "train-sae", "--activations", str(ddir), "--hook", a.hook, "--architecture", arch,
+           "--d-sae", str(a.d_sae)] + arch_flags(arch) + [
+           "--lr", str(a.pretrain_lr), "--batch-tokens", str(a.pretrain_batch_tokens),
+           "--total-tokens", str(a.pretrain_tokens), "--seed", str(a.seed), "--eval-tokens", "0",
+           "--checkpoint-every", str(a.pretrain_tokens), "--out", str(out)]
+    key = out / "bench_command.json"
+    settings = {"command": cmd[1:], "dataset": generator_settings(a)}
+    if (out / "sae_weights.safetensors").exists() and key.exists():
+        try:
+            if json.loads(key.read_text()) == settings:
+                return out, last_metrics(out)
+        except ValueError:
+            pass
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"pretraining {arch}: {' '.join(cmd)}", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"pretraining {arch} failed (exit status {p.returncode}):\n{tail(p.stderr)}")
+    key.write_text(json.dumps(settings))
+    return out, last_metrics(out)
 
 
 def tail(text, lines=15):
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_flexmodel(arch, a, ddir, out):
+def run_flexmodel(arch, a, ddir, out, start_dir=None):
     """Runs the CLI once; returns a dict with tokens_per_s (None when it failed) and what it printed."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = flex_command(arch, a, ddir, out)
+    cmd = flex_command(arch, a, ddir, out, start_dir)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     env.pop("FLEXMODEL_KEEP_FREED_MEMORY", None)  # the command line as it ships
     res = {"tokens_per_s": None, "command": " ".join(cmd)}
@@ -408,6 +493,8 @@ def run_flexmodel(arch, a, ddir, out):
         return res
     res["tokens_per_s"] = float(m.group(1).replace(",", ""))
     res["trained_line"] = line
+    m = last_metrics(out)
+    res["last_l0"], res["last_explained_variance"] = m.get("l0"), m.get("explained_variance")
     shutil.rmtree(out, ignore_errors=True)  # ~75 MB of weights per run
     return res
 
@@ -456,44 +543,61 @@ def main():
     print(f"SAELens data: {len(batches)} batches of {a.batch_tokens} tokens, mean norm "
           f"{acts.norm(dim=1).mean():.1f}", flush=True)
 
-    saelens = {arch: [] for arch in a.archs}
-    flex = {arch: [] for arch in a.archs}
+    cases = [(start, arch) for start in a.starts for arch in a.archs]
+    starts = {}
+    for start, arch in cases:
+        if start == "trained":
+            folder, m = ensure_pretrained(arch, a, ddir, work)
+            starts[arch] = folder
+            info.setdefault("pretrained", {})[arch] = {"folder": str(folder), "last_metrics": m}
+            print(f"trained start {arch}: {folder} (after {a.pretrain_tokens} tokens: L0 {m.get('l0', 0):.1f}, "
+                  f"explained variance {m.get('explained_variance', 0):.3f})", flush=True)
+    saelens = {c: [] for c in cases}
+    flex = {c: [] for c in cases}
     t_start = time.perf_counter()
     for rep in range(a.reps):
-        for arch in a.archs:
+        for start, arch in cases:
+            start_dir = starts[arch] if start == "trained" else None
             order = ("saelens", "flexmodel") if rep % 2 == 0 else ("flexmodel", "saelens")
             for who in order:
                 if who == "saelens":
-                    r = run_saelens(arch, a, batches)
-                    saelens[arch].append(r)
-                    print(f"rep {rep} {arch:9s} SAELens   {r['tokens_per_s']:10,.0f} tokens/s "
+                    r = run_saelens(arch, a, batches, start_dir)
+                    saelens[(start, arch)].append(r)
+                    print(f"rep {rep} {start:7s} {arch:9s} SAELens   {r['tokens_per_s']:10,.0f} tokens/s "
                           f"({r['s_per_step']:.3f} s/step; last loss {r['last_loss']:.4g}, L0 {r['last_l0']:.1f}, "
                           f"EV {r['last_explained_variance']:.3f})", flush=True)
                 else:
-                    r = run_flexmodel(arch, a, ddir, work / f"flex-out-{arch}")
-                    flex[arch].append(r)
+                    r = run_flexmodel(arch, a, ddir, work / f"flex-out-{arch}", start_dir)
+                    flex[(start, arch)].append(r)
                     if r["tokens_per_s"] is None:
-                        print(f"rep {rep} {arch:9s} flexmodel n/a: {r['error']}\n  $ {r['command']}", flush=True)
+                        print(f"rep {rep} {start:7s} {arch:9s} flexmodel n/a: {r['error']}\n  $ {r['command']}",
+                              flush=True)
                         if r.get("stderr_tail"):
                             print("  " + r["stderr_tail"].replace("\n", "\n  "), flush=True)
                     else:
-                        print(f"rep {rep} {arch:9s} flexmodel {r['tokens_per_s']:10,.0f} tokens/s "
-                              f"({r['trained_line']})", flush=True)
+                        print(f"rep {rep} {start:7s} {arch:9s} flexmodel {r['tokens_per_s']:10,.0f} tokens/s "
+                              f"(last L0 {fmt(r.get('last_l0'), 1)}, EV {fmt(r.get('last_explained_variance'), 3)}; "
+                              f"{r['trained_line']})", flush=True)
     info["bench_seconds"] = time.perf_counter() - t_start
     info["loadavg_end"] = os.getloadavg()
 
     rows, summary = [], {}
-    for arch in a.archs:
-        s_vals = [r["tokens_per_s"] for r in saelens[arch]]
-        f_vals = [r["tokens_per_s"] for r in flex[arch] if r["tokens_per_s"] is not None]
+    for start, arch in cases:
+        s_runs, f_runs = saelens[(start, arch)], flex[(start, arch)]
+        s_vals = [r["tokens_per_s"] for r in s_runs]
+        f_vals = [r["tokens_per_s"] for r in f_runs if r["tokens_per_s"] is not None]
         s_med = statistics.median(s_vals)
         f_med = statistics.median(f_vals) if f_vals else None
         ratio = f_med / s_med if f_med else None
-        summary[arch] = {"saelens_tokens_per_s": s_med, "flexmodel_tokens_per_s": f_med, "ratio": ratio,
-                         "saelens_runs": saelens[arch], "flexmodel_runs": flex[arch]}
+        l0s = [r.get("last_l0") for r in f_runs if r.get("last_l0") is not None]
+        summary[f"{start}/{arch}"] = {"start": start, "arch": arch, "saelens_tokens_per_s": s_med,
+                                      "flexmodel_tokens_per_s": f_med, "ratio": ratio,
+                                      "saelens_runs": s_runs, "flexmodel_runs": f_runs}
         per_rep_s = ", ".join(f"{v:,.0f}" for v in s_vals)
-        per_rep_f = ", ".join(fmt(r["tokens_per_s"]) for r in flex[arch])
-        rows.append(f"| {arch} | {fmt(s_med)} | {fmt(f_med)} | {fmt(ratio, 2)} | {per_rep_s} | {per_rep_f} |")
+        per_rep_f = ", ".join(fmt(r["tokens_per_s"]) for r in f_runs)
+        l0 = f"{s_runs[-1]['last_l0']:.0f} / {fmt(l0s[-1] if l0s else None)}"
+        rows.append(f"| {arch} | {start} | {l0} | {fmt(s_med)} | {fmt(f_med)} | {fmt(ratio, 2)} | {per_rep_s} | "
+                    f"{per_rep_f} |")
 
     steps = a.tokens // a.batch_tokens
     print()
@@ -501,8 +605,14 @@ def main():
           f"({steps} steps) per run, {a.threads} threads, median of {a.reps} repeat(s), tokens/s; SAELens's "
           f"malloc: {'as shipped' if a.peer_malloc == 'default' else 'keeping freed memory, as flexmodel'}:")
     print()
-    print("| architecture | SAELens 6.54 | flexmodel | flexmodel / SAELens | SAELens per repeat | flexmodel per repeat |")
-    print("|---|---|---|---|---|---|")
+    if "trained" in a.starts:
+        print(f"start 'trained': both continue from one dictionary flexmodel trained first for {a.pretrain_tokens} "
+              f"tokens (batches of {a.pretrain_batch_tokens}, lr {a.pretrain_lr}); 'random': a fresh initialisation. "
+              f"L0: at the last timed step (SAELens / flexmodel).")
+        print()
+    print("| architecture | start | L0 | SAELens 6.54 | flexmodel | flexmodel / SAELens | SAELens per repeat | "
+          "flexmodel per repeat |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()
     print(f"torch {info['torch']}, sae_lens {info['sae_lens']}, {info['cpu']}, {info['cpus']} cpus; "

@@ -48,13 +48,15 @@ def train_sae(activations, hook, architecture, d_sae, out, *, total_tokens, tran
               l1=None, l0_coefficient=None, lr=3e-4, batch_tokens=4096, seed=0, dtype="float32",
               checkpoint_every=0, eval_tokens=8192, normalize=True, dead_feature_window=1000,
               model=None, dataset=None, context_len=128, batch_size=8, buffer_tokens=65536, text_field=None,
-              tokenizer=None):
+              tokenizer=None, from_pretrained=None):
     """Trains a dictionary as ``flexmodel train-sae`` does (the same C++), on an activation dataset
     (``activations``: a ``capture_dataset`` folder) or, with ``model`` (from_pretrained) and
     ``dataset`` (a corpus), on the fly from the model's forward (``activations`` None; ``tokenizer``:
     a folder, for text corpora). architecture "topk", "batchtopk", "jumprelu" or "standard";
     ``transcoder_out`` trains a transcoder to that hook. Writes SAELens's format, metrics.jsonl,
     curves.svg, eval.json and checkpoints to ``out`` (a rerun continues the last checkpoint).
+    ``from_pretrained``: a dictionary folder (SAELens's format) to start from instead of a random
+    initialisation (fresh optimizer state), as SAELens's from_pretrained_path.
     Returns a dict: steps, tokens, tokens_per_second, the held-out explained_variance, mse, l0,
     dead_latents, dense_latents, "sae" (the trained SparseDictionary) and, with ``model``, the
     next-token losses (clean, with the SAE spliced, zeroed) and ce_loss_recovered."""
@@ -69,7 +71,7 @@ def train_sae(activations, hook, architecture, d_sae, out, *, total_tokens, tran
                             "bf" in str(dtype), int(checkpoint_every), int(eval_tokens), normalize,
                             int(dead_feature_window), _engine_module(model) if model is not None else None,
                             str(dataset or ""), int(context_len), int(batch_size), int(buffer_tokens),
-                            text_field or "", str(tokenizer or ""))
+                            text_field or "", str(tokenizer or ""), str(from_pretrained or ""))
 
 
 def resolve_hook_name(model, hook_name):

@@ -127,7 +127,7 @@ void bind_sae(py::module_& m) {
          int64_t total_tokens, uint64_t seed, bool bf16, int64_t checkpoint_every, int64_t eval_tokens,
          bool normalize, int64_t dead_feature_window, std::shared_ptr<Module> model, const std::string& dataset,
          int64_t context_len, int64_t batch_size, int64_t buffer_tokens, const std::string& text_field,
-         const std::string& tokenizer) {
+         const std::string& tokenizer, const std::string& from_pretrained) {
         SaeTrainRunOptions o;
         SaeTrainingOptions& t = o.sae;
         t.architecture = parse_train_architecture(architecture);
@@ -150,6 +150,7 @@ void bind_sae(py::module_& m) {
         o.checkpoint_every_tokens = checkpoint_every;
         o.eval_tokens = eval_tokens;
         o.init_tokens = std::max<int64_t>(batch_tokens, 16384);
+        o.from_pretrained = from_pretrained;
         std::unique_ptr<ActivationSource> source;
         std::shared_ptr<CausalLM> lm;
         at::Tensor held_ids;
@@ -207,7 +208,8 @@ void bind_sae(py::module_& m) {
       py::arg("total_tokens"), py::arg("seed") = 0, py::arg("bf16") = false, py::arg("checkpoint_every") = 0,
       py::arg("eval_tokens") = 8192, py::arg("normalize") = true, py::arg("dead_feature_window") = 1000,
       py::arg("model") = nullptr, py::arg("dataset") = "", py::arg("context_len") = 128, py::arg("batch_size") = 8,
-      py::arg("buffer_tokens") = 65536, py::arg("text_field") = "", py::arg("tokenizer") = "");
+      py::arg("buffer_tokens") = 65536, py::arg("text_field") = "", py::arg("tokenizer") = "",
+      py::arg("from_pretrained") = "");
 
   s.def(
       "ablate_features",

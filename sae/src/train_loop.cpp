@@ -2,6 +2,8 @@
 // checkpoints, the final dictionary and its held-out evaluation.
 #include <flex/sae/trainer.h>
 
+#include <flex/sae/load_sae.h>
+
 #include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -176,6 +178,7 @@ SaeTrainResult train_sae(ActivationSource& source, const SaeTrainRunOptions& o,
                              {"total_tokens", o.total_tokens}, {"checkpoint_every_steps", every},
                              {"eval_tokens", o.eval_tokens}, {"init_tokens", o.init_tokens},
                              {"hook_name", so.hook_name}, {"hook_name_out", so.hook_name_out}};
+  if (!o.from_pretrained.empty()) settings["from_pretrained"] = o.from_pretrained;
   try {
     fs::create_directories(ckdir);
   } catch (const fs::filesystem_error& e) {
@@ -211,6 +214,7 @@ SaeTrainResult train_sae(ActivationSource& source, const SaeTrainRunOptions& o,
   } else {
     auto [x, y] = source.next(o.init_tokens);
     tr.initialize(x, y);
+    if (!o.from_pretrained.empty()) tr.start_from(*load_sae(o.from_pretrained), o.from_pretrained);
   }
   // Metrics: the lines of the steps already done (a killed run may have written past its checkpoint).
   std::vector<nlohmann::json> metrics;

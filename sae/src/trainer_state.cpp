@@ -83,6 +83,42 @@ std::shared_ptr<SparseDictionary> SaeTrainer::dictionary() const {
   return sae;
 }
 
+void SaeTrainer::start_from(SparseDictionary& sae, const std::string& where) {
+  at::NoGradGuard no_grad;
+  const SaeConfig& c = sae.config();
+  // The dictionary this run would save is the one it can start from: the
+  // same class (architecture, transcoder, skip), widths and input handling.
+  const SaeConfig want = parse_sae_config(saelens_config(), "sae training");
+  auto mismatch = [&](const std::string& field, const std::string& have, const std::string& need) {
+    return ConfigError(where + ": cannot start --architecture " + to_string(o_.architecture) + " training from it: " +
+                       field + " is " + have + ", this run needs " + need);
+  };
+  if (c.class_name() != want.class_name()) throw mismatch("the architecture", c.class_name(), want.class_name());
+  if (c.d_in != want.d_in) throw mismatch("d_in", std::to_string(c.d_in), std::to_string(want.d_in));
+  if (c.d_sae != want.d_sae) throw mismatch("d_sae", std::to_string(c.d_sae), std::to_string(want.d_sae));
+  if (c.transcoder() && c.d_out != want.d_out) throw mismatch("d_out", std::to_string(c.d_out), std::to_string(want.d_out));
+  if (c.apply_b_dec_to_input != want.apply_b_dec_to_input)
+    throw mismatch("apply_b_dec_to_input", c.apply_b_dec_to_input ? "true" : "false",
+                   want.apply_b_dec_to_input ? "true" : "false");
+  if (c.normalization != SaeNormalization::None || c.hook_z)
+    throw UnsupportedError(where + ": a dictionary that normalises or reshapes its input at inference "
+                           "(normalize_activations, hook_z) cannot be trained further here");
+  auto own = sae.named_parameters(/*recurse=*/false);
+  auto get = [&](const char* name) { return own[name].detach().to(at::kFloat); };
+  // Unfold the scaling dictionary() folds: the raw parameters act on inputs
+  // scaled by scale_in_ and produce outputs scaled by scale_out_.
+  W_encT = (get("W_enc") / scale_in_).t().contiguous();
+  W_dec = (get("W_dec") * scale_out_).contiguous();
+  b_enc = get("b_enc").contiguous();
+  b_dec = (get("b_dec") * scale_out_).contiguous();
+  if (o_.architecture == TrainArchitecture::JumpReLU) threshold = get("threshold").contiguous();
+  if (o_.architecture == TrainArchitecture::BatchTopK) topk_threshold = get("threshold").mean().item<double>() * scale_out_;
+  if (o_.skip_connection) W_skip = (get("W_skip") * (scale_out_ / scale_in_)).contiguous();
+  if (!at::isfinite(W_encT).all().item<bool>() || !at::isfinite(W_dec).all().item<bool>())
+    throw ConfigError(where + ": its weights are not finite once the scaling factors (" + std::to_string(scale_in_) +
+                      ", " + std::to_string(scale_out_) + ") are unfolded");
+}
+
 std::map<std::string, at::Tensor> SaeTrainer::state_tensors() const {
   const at::Tensor* params[6] = {&W_encT, &b_enc, &W_dec, &b_dec, &threshold, &W_skip};
   std::map<std::string, at::Tensor> out;

@@ -383,15 +383,25 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   if (o_.skip_connection) g.W_skip = at::mm(go.t(), s);
   // dL/d(coefficient) at the active entries: go . W_dec[f].
   at::Tensor Q;  // dense [N, d_sae] when needed
-  if (arch == TrainArchitecture::JumpReLU || f.acts.defined()) Q = at::mm(go, W_dec.t());
+  if (f.acts.defined()) Q = at::mm(go, W_dec.t());
   const double c = coefficient();
   if (arch == TrainArchitecture::JumpReLU) {
     // Straight-through gradients of the threshold: JumpReLU (through the
     // reconstruction) and the L0 step, within the rectangle |h - theta| < bw/2.
+    // Once few entries sit in it (a trained dictionary), their dots go . W_dec[f]
+    // are sampled instead of making the whole product Q.
     const double bw = o_.jumprelu_bandwidth;
     const at::Tensor u = (f.h - threshold) / bw;
     const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
-    g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * rect_f.sum(0);
+    const at::Tensor in_rect = rect_f.sum(0);
+    if (!Q.defined() && in_rect.sum().item<double>() * kDenseFraction > static_cast<double>(rect_f.numel()))
+      Q = at::mm(go, W_dec.t());
+    if (Q.defined()) {
+      g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * in_rect;
+    } else {
+      const SparseCode rect = sparse_code(rect_f);
+      g.threshold = -(threshold / bw) * column_sums(rect, sampled_dots(rect, go, W_dec)) - (c / N / bw) * in_rect;
+    }
   }
   // Standard: L1 of acts x ||W_dec[f]||, so d/dacts = c/N ||W_dec[f]|| and
   // d/dW_dec[f] = c/N (sum_n acts) W_dec[f] / ||W_dec[f]||.

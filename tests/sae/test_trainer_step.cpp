@@ -21,6 +21,7 @@ namespace {
 struct Reference {
   double loss = 0, mse = 0, sparsity = 0, aux = 0;
   double active_fraction = 0;  // of the activations' entries
+  double rect_fraction = 0;    // JumpReLU: entries with |h - threshold| < bandwidth / 2
   std::map<std::string, at::Tensor> grads;  // by state name (W_encT, b_enc, ...)
 };
 
@@ -42,6 +43,7 @@ Reference reference(SaeTrainer& tr, const at::Tensor& x, const at::Tensor& y) {
   if (tr.steps() < o.coefficient_warm_up_steps)  // linear warm-up from 0, as SAELens's CoefficientScheduler
     coef *= static_cast<double>(tr.steps()) / o.coefficient_warm_up_steps;
   at::Tensor acts, pre = h, sparsity = at::zeros({}, at::kDouble);
+  double rect_fraction = 0;
   switch (o.architecture) {
     case TrainArchitecture::TopK:
     case TrainArchitecture::BatchTopK: {
@@ -68,6 +70,7 @@ Reference reference(SaeTrainer& tr, const at::Tensor& x, const at::Tensor& y) {
       acts = h * gate - (thd / bw) * rect * (th - thd);
       const at::Tensor step = gate - (1.0 / bw) * rect * (th - thd);
       sparsity = coef * step.sum(-1).mean();
+      rect_fraction = rect.mean().item<double>();
       break;
     }
     case TrainArchitecture::Standard:
@@ -100,6 +103,7 @@ Reference reference(SaeTrainer& tr, const at::Tensor& x, const at::Tensor& y) {
   r.sparsity = sparsity.item<double>();
   r.aux = aux.item<double>();
   r.active_fraction = acts.ne(0).to(at::kDouble).mean().item<double>();
+  r.rect_fraction = rect_fraction;
   for (auto& [name, t] : p)
     r.grads[name] = t.grad().defined() ? t.grad() : at::zeros_like(t);
   return r;
@@ -128,7 +132,9 @@ SaeTrainingOptions options(TrainArchitecture a, bool transcoder = false) {
 
 // shift: added to b_enc before the checked step, so that few latents fire
 // and JumpReLU / standard take their sparse products instead of dense ones.
-void check_step(SaeTrainingOptions o, double shift = 0) {
+// rect: for JumpReLU, whether the threshold's rectangle is to hold few entries
+// (sampled dots) or many (the dense product); unchecked when < 0.
+void check_step(SaeTrainingOptions o, double shift = 0, int rect = -1) {
   const std::string what = to_string(o.architecture) + (o.transcoder ? " transcoder" : "");
   at::manual_seed(21);
   const int64_t N = 40;
@@ -151,6 +157,11 @@ void check_step(SaeTrainingOptions o, double shift = 0) {
   if (shift != 0) {
     EXPECT_GT(want.active_fraction, 0) << what;
     EXPECT_LT(want.active_fraction, 1.0 / 48) << what << ": the sparse products are not exercised";
+  }
+  if (rect >= 0) {
+    EXPECT_GT(want.rect_fraction, 0) << what << ": no entry in the threshold's rectangle";
+    if (rect == 0) EXPECT_LT(want.rect_fraction, 1.0 / 48) << what << ": the sampled rectangle is not exercised";
+    else EXPECT_GT(want.rect_fraction, 1.0 / 48) << what << ": the dense rectangle is not exercised";
   }
   const TrainGradients got = tr.gradients(x, y);
   EXPECT_NEAR(got.mse, want.mse, 1e-5 * std::abs(want.mse)) << what;
@@ -195,7 +206,14 @@ TEST(SaeTrainerStep, TopKEqualsFloat64Autograd) { check_step(options(TrainArchit
 TEST(SaeTrainerStep, BatchTopKEqualsFloat64Autograd) { check_step(options(TrainArchitecture::BatchTopK)); }
 TEST(SaeTrainerStep, JumpReLUEqualsFloat64Autograd) { check_step(options(TrainArchitecture::JumpReLU)); }
 TEST(SaeTrainerStep, StandardEqualsFloat64Autograd) { check_step(options(TrainArchitecture::Standard)); }
-TEST(SaeTrainerStep, SparseJumpReLUEqualsFloat64Autograd) { check_step(options(TrainArchitecture::JumpReLU), -0.22); }
+TEST(SaeTrainerStep, SparseJumpReLUEqualsFloat64Autograd) { check_step(options(TrainArchitecture::JumpReLU), -0.22, 1); }
+TEST(SaeTrainerStep, SparseJumpReLUNarrowRectangleEqualsFloat64Autograd) {
+  // Few pre-activations near the threshold, as in a trained dictionary: the
+  // threshold's gradient samples their dots instead of the dense product.
+  auto o = options(TrainArchitecture::JumpReLU);
+  o.jumprelu_bandwidth = 0.02;
+  check_step(o, -0.22, 0);
+}
 TEST(SaeTrainerStep, SparseStandardEqualsFloat64Autograd) { check_step(options(TrainArchitecture::Standard), -0.22); }
 TEST(SaeTrainerStep, TopKWithoutRescalingEqualsFloat64Autograd) {
   auto o = options(TrainArchitecture::TopK);

@@ -197,6 +197,39 @@ TEST(CliTrainSae, JumpReLUSkipTranscoderLearnsTheMap) {
   EXPECT_GE(ev, 0.9);
 }
 
+// The first step of a run started --from-pretrained sees the dictionary it
+// started from: its explained variance on that batch is the one eval.json
+// measured on held-out tokens, where a random start explains little.
+TEST(CliTrainSae, FromPretrainedStartsWhereTheDictionaryLeftOff) {
+  flex_test::TempDir tmp;
+  auto r = run(topk_args(tmp.str("first"), 256 * 120));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double trained = read_json(tmp.str("first/eval.json")).at("explained_variance").get<double>();
+  ASSERT_GT(trained, 0.6);
+  auto first_ev = [&](const std::string& dir) {
+    std::ifstream m(dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(m, line);
+    return nlohmann::json::parse(line).at("explained_variance").get<double>();
+  };
+  auto more = topk_args(tmp.str("second"), 256 * 4);
+  more[std::find(more.begin(), more.end(), "--seed") - more.begin() + 1] = "8";
+  more.insert(more.end(), {"--from-pretrained", tmp.str("first")});
+  r = run(more);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NEAR(first_ev(tmp.str("second")), trained, 0.05);
+  EXPECT_LT(first_ev(tmp.str("first")), trained - 0.3) << "a random start explains as much as the trained dictionary";
+  // Another architecture: a typed error naming the dictionary and the field.
+  auto jump = more;
+  jump[std::find(jump.begin(), jump.end(), "topk") - jump.begin()] = "jumprelu";
+  jump.erase(std::find(jump.begin(), jump.end(), "--k"), std::find(jump.begin(), jump.end(), "--k") + 2);
+  jump[std::find(jump.begin(), jump.end(), "--out") - jump.begin() + 1] = tmp.str("third");
+  r = run(jump);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find(tmp.str("first")), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the architecture is TopKSAE, this run needs JumpReLUSAE"), std::string::npos) << r.err;
+}
+
 TEST(CliTrainSae, BadInputIsATypedErrorAndKeepsTheLastCheckpoint) {
   flex_test::TempDir tmp;
   auto r = run({"train-sae", "--activations", dataset(), "--hook", "blocks.3.hook_resid_post", "--architecture", "topk",

@@ -44,6 +44,7 @@ const std::vector<Flag>& train_sae_flags() {
       {"--total-tokens", "T", "training tokens"},
       {"--out", "DIR", "output folder (a rerun with the same options continues its last checkpoint)"},
       {"--seed", "S", "initialisation and data order (default 0)"},
+      {"--from-pretrained", "DIR", "start from this dictionary (SAELens folder) instead of a random one"},
       {"--dtype", "f32|bf16", "encoder product precision (weights stay float32; default f32)"},
       {"--dead-feature-window", "N", "steps without firing before a latent counts as dead (default 1000)"},
       {"--b-dec-init", "mean|geometric-median|zeros", "decoder bias from the data (default mean)"},
@@ -132,6 +133,7 @@ int run_train_sae(const std::vector<std::string>& argv) {
   o.checkpoint_every_tokens = int_at_least(args, "--checkpoint-every", 0, 0);
   o.eval_tokens = int_at_least(args, "--eval-tokens", 8192, 0);
   o.init_tokens = std::max<int64_t>(o.batch_tokens, 16384);
+  o.from_pretrained = args.get("--from-pretrained").value_or("");
 
   std::unique_ptr<ActivationSource> source;
   std::shared_ptr<CausalLM> model;

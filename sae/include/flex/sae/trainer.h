@@ -98,9 +98,16 @@ class SaeTrainer {
   /// W_dec^T), then the scaling factor and b_dec from `x` ([N, d_in]) and,
   /// for transcoders, `y` ([N, d_out]).
   void initialize(const at::Tensor& x, const at::Tensor& y = {});
+  /// After initialize(): continue from a trained dictionary (SAELens's
+  /// from_pretrained_path): its weights, scaling unfolded with the factors
+  /// initialize() estimated, fresh Adam moments and counters. ConfigError
+  /// naming `where` and the field for another architecture, width, input
+  /// handling or skip connection; UnsupportedError for inference-time
+  /// normalisation (constant norm, layer norm).
+  void start_from(SparseDictionary& sae, const std::string& where);
   /// One step: forward, loss, gradients, clipping, Adam, schedules, dead-latent counts.
   TrainStepStats step(const at::Tensor& x, const at::Tensor& y = {});
-  /// The loss and gradients at `x` (already scaled) without changing anything.
+  /// The loss and gradients at `x` (raw, as step() takes it) without changing anything.
   TrainGradients gradients(const at::Tensor& x, const at::Tensor& y = {});
 
   /// The inference dictionary: scaling folded in, TopK decoder norms folded,
@@ -194,6 +201,9 @@ struct SaeTrainRunOptions {
   int64_t eval_tokens = 8192;
   /// Rows read for the scaling factor and b_dec (the first ones of the data order).
   int64_t init_tokens = 16384;
+  /// A dictionary (anything flex::load_sae reads) a fresh run starts from
+  /// instead of the random initialisation (SaeTrainer::start_from).
+  std::string from_pretrained;
 };
 
 struct SaeTrainProgress {
