@@ -9,7 +9,7 @@ Run with the SAE reference venv (torch 2.13.0+cpu, sae-lens 6.54.12) from the re
         [--reps 3] [--tokens 65536] [--batch-tokens 4096] [--dataset-tokens 262144]
         [--archs topk,jumprelu,standard]   # batchtopk also works
         [--threads 2] [--seed 0]
-        [--starts random,trained] [--pretrain-tokens 393216] [--pretrain-batch-tokens 1024] [--pretrain-lr 1e-3]
+        [--starts random,trained] [--pretrain-tokens 393216] [--pretrain-batch-tokens 1024] [--pretrain-lr LR]
     --quick: a dry run, 1 repeat of 2 steps.
 
 PYTHONPATH is optional: the script needs only torch, safetensors and sae_lens. When the flexmodel
@@ -152,7 +152,9 @@ def parse_args():
     p.add_argument("--pretrain-tokens", type=int, default=393216,
                    help="trained start: tokens of the pre-training run (untimed, cached in --work)")
     p.add_argument("--pretrain-batch-tokens", type=int, default=1024)
-    p.add_argument("--pretrain-lr", type=float, default=1e-3)
+    p.add_argument("--pretrain-lr", type=float,
+                   help="pre-training learning rate (default: jumprelu 5e-3, whose thresholds move by about the "
+                        "learning rate per step, the others 1e-3)")
     p.add_argument("--peer-malloc", choices=["default", "kept"], default="default",
                    help="SAELens's process: glibc's malloc as shipped (default), or keeping freed memory as "
                         "flexmodel's command line and `import flexmodel` do (kept)")
@@ -432,14 +434,18 @@ def last_metrics(out):
         return {}
 
 
+def pretrain_lr(arch, a):
+    return a.pretrain_lr or (5e-3 if arch == "jumprelu" else 1e-3)
+
+
 def ensure_pretrained(arch, a, ddir, work):
-    """The trained start: a dictionary flexmodel trains first (untimed) at --pretrain-lr on batches of
+    """The trained start: a dictionary flexmodel trains first (untimed) at pretrain_lr() on batches of
     --pretrain-batch-tokens, written once to work/pretrained-ARCH and reused while its command is unchanged.
     Returns (folder, its last metrics line)."""
     out = work / f"pretrained-{arch}"
     cmd = [a.flexmodel, "train-sae", "--activations", str(ddir), "--hook", a.hook, "--architecture", arch,
            "--d-sae", str(a.d_sae)] + arch_flags(arch) + [
-           "--lr", str(a.pretrain_lr), "--batch-tokens", str(a.pretrain_batch_tokens),
+           "--lr", str(pretrain_lr(arch, a)), "--batch-tokens", str(a.pretrain_batch_tokens),
            "--total-tokens", str(a.pretrain_tokens), "--seed", str(a.seed), "--eval-tokens", "0",
            "--checkpoint-every", str(a.pretrain_tokens), "--out", str(out)]
     key = out / "bench_command.json"
@@ -607,7 +613,8 @@ def main():
     print()
     if "trained" in a.starts:
         print(f"start 'trained': both continue from one dictionary flexmodel trained first for {a.pretrain_tokens} "
-              f"tokens (batches of {a.pretrain_batch_tokens}, lr {a.pretrain_lr}); 'random': a fresh initialisation. "
+              f"tokens (batches of {a.pretrain_batch_tokens}, lr "
+              f"{', '.join(f'{x} {pretrain_lr(x, a):g}' for x in a.archs)}); 'random': a fresh initialisation. "
               f"L0: at the last timed step (SAELens / flexmodel).")
         print()
     print("| architecture | start | L0 | SAELens 6.54 | flexmodel | flexmodel / SAELens | SAELens per repeat | "
