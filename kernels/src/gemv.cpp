@@ -348,6 +348,7 @@ bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
   if (gemv_applies(x, weight, bias, layout)) return gemv(x, weight, bias, layout);
+  if (onednn_applies(x, weight, bias, layout)) return onednn_linear(x, weight, bias, layout);
   if (layout == WeightLayout::OutIn) return at::linear(x, weight, bias);
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(1);

@@ -25,9 +25,42 @@ bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                   WeightLayout layout = WeightLayout::OutIn);
 
 /// x W^T + b (OutIn, at::linear) or x W + b (InOut, at::addmm), through
-/// gemv when gemv_applies.
+/// gemv when gemv_applies, else through oneDNN when onednn_applies.
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         WeightLayout layout = WeightLayout::OutIn);
+
+/// Which library multiplies float32 matrices of more rows than gemv takes.
+/// libtorch's at::linear / at::mm use MKL, whose float32 GEMM takes a
+/// generic path on AMD CPUs: on a 2-core EPYC (Zen 4) oneDNN's was 15-25%
+/// faster on transformer-shaped products and 60% on a 50k-vocabulary head.
+/// FLEXMODEL_GEMM=mkl|onednn picks one (another value is a ConfigError);
+/// unset: oneDNN on AMD CPUs, MKL elsewhere. Both give the same bits for
+/// any thread count; they differ from each other in the last bits.
+enum class GemmLibrary { Mkl, OneDnn };
+GemmLibrary gemm_library();
+/// Overrides the choice for this scope (process-wide; tests and benchmarks).
+class ScopedGemmLibrary {
+ public:
+  explicit ScopedGemmLibrary(GemmLibrary library);
+  ~ScopedGemmLibrary();
+  ScopedGemmLibrary(const ScopedGemmLibrary&) = delete;
+  ScopedGemmLibrary& operator=(const ScopedGemmLibrary&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// True when dense_linear would take oneDNN: gemm_library() is OneDnn and
+/// libtorch has oneDNN, CPU float32 x (more than kGemvMaxRows rows), a
+/// float32 2-D weight and a bias [out] or none, and no autograd graph to
+/// record (oneDNN's product has no backward in libtorch).
+bool onednn_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                    WeightLayout layout = WeightLayout::OutIn);
+/// x W^T + b through oneDNN (libtorch's mkldnn::_linear_pointwise), for
+/// weights in either layout; an UnsupportedError where onednn_applies is
+/// false for any reason but the library choice.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         WeightLayout layout = WeightLayout::OutIn);
 
 /// The GEMV, for bfloat16 or float32 (x, weight, bias of one dtype): float
 /// accumulation, bias added in float, one rounding to the dtype at the end.
