@@ -7,6 +7,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/kernels/linear.h>
 #include <flex/sae/sparse_code.h>
 
 #include <ATen/ATen.h>
@@ -297,7 +298,7 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
   if (o_.bf16_encoder)
     f.h = at::addmm(b_enc.to(at::kBFloat16), f.sin.to(at::kBFloat16), W_encT.to(at::kBFloat16).t()).to(at::kFloat);
   else
-    f.h = at::addmm(b_enc, f.sin, W_encT.t());
+    f.h = dense_linear(f.sin, W_encT, b_enc);  // the step's one product at any L0: oneDNN where it is faster
   const auto arch = o_.architecture;
   if (top_k_like(arch)) {
     if (o_.rescale_acts_by_decoder_norm) {
@@ -340,7 +341,7 @@ SaeTrainer::Forward SaeTrainer::forward(const at::Tensor& s, const at::Tensor& t
     f.nnz = f.code.nnz();
   }
   if (f.acts.defined()) {
-    f.out = at::addmm(b_dec, f.acts, W_dec);
+    f.out = dense_linear(f.acts, W_dec, b_dec, WeightLayout::InOut);
   } else {
     const SparseCode c = with_values(f.code, f.coef);
     f.out = (f.code.nnz() * kDenseFraction > N * o_.d_sae ? at::mm(densify(c), W_dec) : decode_sparse(c, W_dec)) + b_dec;
@@ -383,7 +384,7 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
   if (o_.skip_connection) g.W_skip = at::mm(go.t(), s);
   // dL/d(coefficient) at the active entries: go . W_dec[f].
   at::Tensor Q;  // dense [N, d_sae] when needed
-  if (f.acts.defined()) Q = at::mm(go, W_dec.t());
+  if (f.acts.defined()) Q = dense_linear(go, W_dec, at::Tensor());
   const double c = coefficient();
   if (arch == TrainArchitecture::JumpReLU) {
     // Straight-through gradients of the threshold: JumpReLU (through the
@@ -395,7 +396,7 @@ TrainGradients SaeTrainer::backward(const at::Tensor& s, const at::Tensor& t, Fo
     const at::Tensor rect_f = (u > -0.5).logical_and(u < 0.5).to(at::kFloat);
     const at::Tensor in_rect = rect_f.sum(0);
     if (!Q.defined() && in_rect.sum().item<double>() * kDenseFraction > static_cast<double>(rect_f.numel()))
-      Q = at::mm(go, W_dec.t());
+      Q = dense_linear(go, W_dec, at::Tensor());
     if (Q.defined()) {
       g.threshold = -(threshold / bw) * (rect_f * Q).sum(0) - (c / N / bw) * in_rect;
     } else {
