@@ -3,7 +3,12 @@
 One run, the same random-weight checkpoints for every tool (GPT-2 small's
 shape and a Llama of the same size with GQA, see checkpoints.py), the tools
 interleaved round-robin in every repetition (a warm-up call first, which is
-also the correctness pass), medians reported. Tasks, at inputs 1x128 and 8x128:
+also the correctness pass), medians reported. Each tool runs in a process of
+its own (spawned, driven over a pipe), as a user runs it: tools do not share a
+heap, so one tool's resident models and captures do not change another's
+allocations. The peers' processes import flexmodel too, so every tool runs
+under the same malloc settings (design decision 32; --peer-malloc default
+leaves the peers on glibc's). Tasks, at inputs 1x128 and 8x128:
 a plain forward, capturing the 12 block outputs, capturing every module, and
 adding a vector to the 12 block outputs; then 64 greedy tokens from a 1x16
 prompt with a vector added at block 6. Registering hooks is not timed.
@@ -19,6 +24,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import multiprocessing
 import pathlib
 import statistics
 import sys
@@ -50,6 +56,8 @@ def parse_args():
     p.add_argument("--reps", type=int, help="timed repetitions (default 5, --quick 2)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--peer-malloc", choices=["kept", "default"], default="kept",
+                   help="the peers' processes: keep freed memory as flexmodel does (kept), or glibc's defaults")
     a = p.parse_args()
     a.models = [m for m in a.models.split(",") if m]
     a.reps = a.reps or (2 if a.quick else 5)
@@ -65,16 +73,146 @@ def prompt_ids(batch, length, vocab):
 
 
 def load_tools(kind, folder, vec, new_tokens):
-    """(tools that loaded, {tool name: error line} for those that did not)."""
+    """(tools that loaded, {tool name: error line} for those that did not), in this process."""
     tools, failed = [], {}
     for cls in contenders.TOOLS:
-        print(f"  loading {cls.name}", file=sys.stderr, flush=True)
+        tool, error = _load_tool(cls, kind, folder, vec, new_tokens)
+        if tool is None:
+            failed[cls.name] = error
+        else:
+            tools.append(tool)
+    return tools, failed
+
+
+def _load_tool(cls, kind, folder, vec, new_tokens):
+    print(f"  loading {cls.name}", file=sys.stderr, flush=True)
+    try:
+        return cls(kind, folder, vec, new_tokens), None
+    except ModuleNotFoundError as e:
+        return None, f"not installed ({e}): {cls.install_hint}"
+    except Exception as e:  # noqa: BLE001 - any peer failure becomes a row
+        return None, "setup failed: " + report.one_line(e)
+
+
+# --- one process per tool ----------------------------------------------------------------
+def _quiet(threads):
+    warnings.filterwarnings("ignore")
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+
+
+def _worker(conn, tool_name, kind, folder, vec, new_tokens, threads, keep_memory):
+    """A tool in a process of its own: ("cases", task) -> labels, ("warm" | "time", task, label, ids)
+    -> the result | ms, ("quit",). Replies are ("ok", value), ("error", text) or ("failed", text)."""
+    if keep_memory:
         try:
-            tools.append(cls(kind, folder, vec, new_tokens))
-        except ModuleNotFoundError as e:
-            failed[cls.name] = f"not installed ({e}): {cls.install_hint}"
-        except Exception as e:  # noqa: BLE001 - any peer failure becomes a row
-            failed[cls.name] = "setup failed: " + report.one_line(e)
+            import flexmodel  # noqa: F401 - sets malloc to keep freed memory, as in flexmodel's own process
+        except Exception:  # noqa: BLE001 - then glibc's defaults; flexmodel's own worker fails on load instead
+            pass
+    _quiet(threads)
+    cls = next(c for c in contenders.TOOLS if c.name == tool_name)
+    tool, error = _load_tool(cls, kind, folder, vec, new_tokens)
+    if tool is None:
+        conn.send(("failed", error))
+        return
+    conn.send(("ok", None))
+    cases = {}
+    while True:
+        msg = conn.recv()
+        try:
+            if msg[0] == "quit":
+                return
+            if msg[0] == "cases":
+                made = tool.cases(msg[1])
+                cases.update({(msg[1], c.label): c for c in made})
+                conn.send(("ok", [c.label for c in made]))
+            elif msg[0] == "warm":
+                conn.send(("ok", timed(cases[(msg[1], msg[2])], msg[3])[1]))
+            elif msg[0] == "time":
+                conn.send(("ok", timed(cases[(msg[1], msg[2])], msg[3])[0]))
+            elif msg[0] == "drop":
+                cases.clear()
+                gc.collect()
+                conn.send(("ok", None))
+        except Exception as e:  # noqa: BLE001 - the case's row gets the error
+            conn.send(("error", "failed: " + report.one_line(e)))
+
+
+class RemoteError(Exception):
+    pass
+
+
+class RemoteTool:
+    """Drives one tool's worker process; cases(task) gives RemoteCases."""
+
+    def __init__(self, ctx, name, kind, folder, vec, new_tokens, args):
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        keep = name == "flexmodel" or args.peer_malloc == "kept"
+        self.proc = ctx.Process(target=_worker, args=(child, name, kind, str(folder), vec, new_tokens, args.threads,
+                                                      keep), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def loaded(self):
+        """None, or why the tool did not load."""
+        status, value = self._recv()
+        return None if status == "ok" else value
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            return "failed", f"its process ended (exit code {self.proc.exitcode})"
+
+    def call(self, *msg):
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError) as e:
+            raise RemoteError(f"its process is gone ({e})") from None
+        status, value = self._recv()
+        if status != "ok":
+            raise RemoteError(value)
+        return value
+
+    def cases(self, task):
+        return [RemoteCase(self, task, label) for label in self.call("cases", task)]
+
+    def close(self):
+        try:
+            self.conn.send(("quit",))
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+class RemoteCase:
+    def __init__(self, remote, task, label):
+        self.remote, self.task, self.label, self.tool = remote, task, label, remote.name
+
+    def warm(self, ids):
+        return self.remote.call("warm", self.task, self.label, ids)
+
+    def time(self, ids):
+        return self.remote.call("time", self.task, self.label, ids)
+
+
+def start_tools(kind, folder, vec, new_tokens, args):
+    """(RemoteTools that loaded, {tool name: error line}); the processes load in parallel."""
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of a process running libtorch
+    remotes = [RemoteTool(ctx, cls.name, kind, folder, vec, new_tokens, args) for cls in contenders.TOOLS]
+    tools, failed = [], {}
+    for r in remotes:
+        error = r.loaded()
+        if error is None:
+            tools.append(r)
+        else:
+            failed[r.name] = error
+            r.close()
     return tools, failed
 
 
@@ -130,9 +268,9 @@ def measure(kind, shape_text, tasks, tools, ids, reps):
                 row = dict(model=kind, input=shape_text, task=task, tool=case.tool, label=case.label, samples=[])
                 rows.append(row)
                 try:
-                    _, result = timed(case, ids)
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = "failed: " + report.one_line(e)
+                    result = case.warm(ids)
+                except RemoteError as e:
+                    row["error"] = str(e)
                     continue
                 if task.startswith("capture"):
                     row["modules"] = len(result)
@@ -150,9 +288,14 @@ def measure(kind, shape_text, tasks, tools, ids, reps):
             if row.get("error"):
                 continue
             try:
-                row["samples"].append(timed(case, ids)[0])
-            except Exception as e:  # noqa: BLE001
-                row["error"] = "failed: " + report.one_line(e)
+                row["samples"].append(case.time(ids))
+            except RemoteError as e:
+                row["error"] = str(e)
+    for tool in tools:
+        try:
+            tool.call("drop")
+        except RemoteError:
+            pass
     for row in rows:
         if row.get("samples") and not row.get("error"):
             row["ms"] = statistics.median(row["samples"])
@@ -208,12 +351,20 @@ def python_edit_cost(folder, reps):
                 input="1x8", reps=reps, ms_without=statistics.median(a), ms_with=statistics.median(b))
 
 
+def _edit_cost_worker(conn, folder, reps, threads):
+    _quiet(threads)
+    try:
+        conn.send(python_edit_cost(folder, reps))
+    except Exception as e:  # noqa: BLE001 - flexmodel missing or failing: the rest still reports
+        conn.send({"error": report.one_line(e)})
+
+
 def run_model(kind, folder, args):
     import transformers
     config = transformers.AutoConfig.from_pretrained(folder)
     vec = torch.randn(config.hidden_size, generator=torch.Generator().manual_seed(1))
-    print(f"{kind}: loading the tools", file=sys.stderr, flush=True)
-    tools, failed = load_tools(kind, folder, vec, args.new_tokens)
+    print(f"{kind}: loading the tools, each in a process of its own", file=sys.stderr, flush=True)
+    tools, failed = start_tools(kind, folder, vec, args.new_tokens, args)
     rows = []
     for b, t in args.shapes:
         shape_text = f"{b}x{t}"
@@ -222,8 +373,8 @@ def run_model(kind, folder, args):
     gen_text = f"1x16 +{args.new_tokens}"
     measured = measure(kind, gen_text, ["generate"], tools, prompt_ids(1, 16, config.vocab_size), args.reps)
     rows += with_failed(measured, kind, gen_text, ["generate"], failed)
-    del tools
-    gc.collect()
+    for tool in tools:
+        tool.close()
     return rows
 
 
@@ -299,10 +450,17 @@ def main():
         rows += run_model(kind, folders[kind], args)
     add_ratios(rows)
     print("flexmodel: a Python editing function's cost per call", file=sys.stderr, flush=True)
+    folder = checkpoints.ensure(args.cache, ["gpt2-tiny"])["gpt2-tiny"]
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_edit_cost_worker, args=(child, str(folder), args.edit_cost_reps, args.threads))
+    proc.start()
+    child.close()
     try:
-        edit_cost = python_edit_cost(checkpoints.ensure(args.cache, ["gpt2-tiny"])["gpt2-tiny"], args.edit_cost_reps)
-    except Exception as e:  # noqa: BLE001 - flexmodel missing or failing: the rest still reports
-        edit_cost = {"error": report.one_line(e)}
+        edit_cost = conn.recv()
+    except EOFError:
+        edit_cost = {"error": f"its process ended (exit code {proc.exitcode})"}
+    proc.join()
     check_shape = f"{args.shapes[-1][0]}x{args.shapes[-1][1]}"
     check_values, check_lines = checks(rows, args.models, check_shape, edit_cost)
 
@@ -318,7 +476,7 @@ def main():
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = dict(quick=args.quick, reps=args.reps, shapes=[f"{b}x{t}" for b, t in args.shapes],
+    settings = dict(quick=args.quick, reps=args.reps, processes="one per tool", peer_malloc=args.peer_malloc, shapes=[f"{b}x{t}" for b, t in args.shapes],
                     new_tokens=args.new_tokens, threads=args.threads, hf_attention=contenders.HF_ATTENTION,
                     steer_block=contenders.STEER_BLOCK, cache=str(args.cache))
     (out / "bench_python.json").write_text(json.dumps(
