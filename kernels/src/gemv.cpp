@@ -11,6 +11,8 @@
 #include <flex/kernels/linear.h>
 #include <flex/kernels/target.h>
 
+#include "records_grad.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
@@ -271,8 +273,6 @@ FLEX_TARGET_AVX512 void gemv_in_out_avx512(const Gemv<T>& a, int64_t M, int64_t 
 }
 #endif
 
-bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
-
 std::string shape_of(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
@@ -342,7 +342,7 @@ bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   if (bias.defined() &&
       (!bias.device().is_cpu() || bias.scalar_type() != dtype || bias.dim() != 1 || bias.size(0) != out))
     return false;
-  if (c10::GradMode::is_enabled() && (needs_grad(x) || needs_grad(weight) || needs_grad(bias))) return false;
+  if (detail::records_grad(x, weight, bias)) return false;
   return cpu_isa() >= (out_in ? Isa::Avx2 : Isa::Avx512);
 }
 

@@ -5,6 +5,8 @@
 #include <flex/hooks/errors.h>
 #include <flex/kernels/linear.h>
 
+#include "records_grad.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
@@ -72,11 +74,6 @@ GemmLibrary env_library() {
 
 std::atomic<int> g_scoped{-1};  // -1: no ScopedGemmLibrary
 
-bool records_grad(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  auto req = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
-  return c10::GradMode::is_enabled() && (req(x) || req(weight) || req(bias));
-}
-
 // Why onednn_linear cannot take these tensors, or "" when it can.
 std::string unsupported_reason(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                WeightLayout layout) {
@@ -92,7 +89,7 @@ std::string unsupported_reason(const at::Tensor& x, const at::Tensor& weight, co
   const int64_t in = weight.size(out_in ? 1 : 0), out = weight.size(out_in ? 0 : 1);
   if (x.size(-1) != in || in == 0 || out == 0) return "the input's last dim is not the weight's input width";
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out)) return "a bias [out] or none";
-  if (records_grad(x, weight, bias)) return "no backward (an autograd graph would be recorded)";
+  if (detail::records_grad(x, weight, bias)) return "no backward (an autograd graph would be recorded)";
   return "";
 }
 
