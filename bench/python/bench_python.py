@@ -55,6 +55,8 @@ def parse_args():
     p.add_argument("--models", default="gpt2,llama")
     p.add_argument("--reps", type=int, help="timed repetitions (default 5, --quick 2)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--paired-reps", type=int,
+                   help="pairs of flexmodel forward / every-module capture timed back to back (default 15, --quick 3)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--peer-malloc", choices=["kept", "default"], default="kept",
                    help="the peers' processes: keep freed memory as flexmodel does (kept), or glibc's defaults")
@@ -63,6 +65,7 @@ def parse_args():
     a.reps = a.reps or (2 if a.quick else 5)
     a.shapes = [(1, 128)] if a.quick else [(1, 128), (8, 128)]
     a.edit_cost_reps = 20 if a.quick else 50
+    a.paired_reps = a.paired_reps or (3 if a.quick else 15)
     return a
 
 
@@ -351,12 +354,55 @@ def python_edit_cost(folder, reps):
                 input="1x8", reps=reps, ms_without=statistics.median(a), ms_with=statistics.median(b))
 
 
-def _edit_cost_worker(conn, folder, reps, threads):
+# --- flexmodel's every-module capture against its own forward, paired ---------------------
+PAIRED = ["forward", "every", "modules"]
+
+
+def capture_overhead(kind, folder, shape, reps):
+    """Every-module capture / flexmodel's own unhooked forward, as the median of paired ratios: each
+    repetition times the forward, the capture of every name and of the modules only back to back (the
+    order rotates), so a slow spell of the machine lands on the pair, not on one side of the ratio.
+    The statistic was chosen before any run; the table's medians of unpaired samples are beside it."""
+    flex = contenders.Flexmodel(kind, folder, torch.zeros(1), 0)
+    names = flex.all_names()
+    cases = {"forward": flex.cases("forward")[0],
+             "every": flex.hooked("", names, flex.captures),
+             "modules": flex.hooked("", [n for n in names if ".hook_" not in n], flex.captures)}
+    ids = prompt_ids(*shape, flex.model.config["vocab_size"])
+    for c in cases.values():
+        timed(c, ids)
+    ms = {k: [] for k in PAIRED}
+    for rep in range(reps):
+        order = PAIRED[rep % 3:] + PAIRED[:rep % 3]
+        for k in order:
+            ms[k].append(timed(cases[k], ids)[0])
+    out = dict(model=kind, input=f"{shape[0]}x{shape[1]}", reps=reps, ms=ms)
+    for k in ("every", "modules"):
+        out[f"{k}_paired_ratio"] = statistics.median(e / f for e, f in zip(ms[k], ms["forward"]))
+    return out
+
+
+def _own_process_worker(conn, threads, fn, args):
     _quiet(threads)
     try:
-        conn.send(python_edit_cost(folder, reps))
+        conn.send(fn(*args))
     except Exception as e:  # noqa: BLE001 - flexmodel missing or failing: the rest still reports
         conn.send({"error": report.one_line(e)})
+
+
+def in_own_process(threads, fn, *args):
+    """fn(*args) in a spawned process of its own (a fresh heap, no other tool's models)."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_own_process_worker, args=(child, threads, fn, args))
+    proc.start()
+    child.close()
+    try:
+        value = conn.recv()
+    except EOFError:
+        value = {"error": f"its process ended (exit code {proc.exitcode})"}
+    proc.join()
+    return value
 
 
 def run_model(kind, folder, args):
@@ -389,9 +435,9 @@ def _best(rows, kind, shape, task, label):
                  (kind, shape, task, label) and r.get("samples")), None)
 
 
-def checks(rows, models, shape, edit_cost):
+def checks(rows, models, shape, edit_cost, paired):
     """The targets: every-module capture vs the unhooked forwards, and a Python editing function's cost."""
-    out, lines = {"python_edit": edit_cost}, []
+    out, lines = {"python_edit": edit_cost, "paired": paired}, []
     hf_forward = f"Transformers ({contenders.HF_ATTENTION}, plain)"
     fmt = (lambda v, f: "n/a" if v is None else f.format(v))
     for kind in models:
@@ -415,6 +461,13 @@ def checks(rows, models, shape, edit_cost):
             out[kind][f"{key}_best_vs_flexmodel_forward_best"] = be / bf if be and bf else None
             lines.append(f"{kind}: {what} {shape}, best of the repetitions / best flexmodel unhooked forward = "
                          f"{fmt(be / bf if be and bf else None, '{:.3f}')}")
+        p = paired.get(kind, {})
+        for key, what in [("every", "every-module capture"), ("modules", "capture of every module (no hook points)")]:
+            r = p.get(f"{key}_paired_ratio")
+            where = (f"median of {p['reps']} paired ratios at {p['input']}, own process" if r is not None
+                     else p.get("error", "not measured"))
+            lines.append(f"{kind}: {what} / flexmodel unhooked forward, back to back = {fmt(r, '{:.3f}')} "
+                         f"(target <= 1.05; {where})")
         py12 = _ms(rows, kind, shape, "edit12", "flexmodel (Python editing fn)")
         cpp12 = _ms(rows, kind, shape, "edit12", "flexmodel (built-in edits.steer)")
         if py12 and cpp12:
@@ -462,18 +515,15 @@ def main():
     add_ratios(rows)
     print("flexmodel: a Python editing function's cost per call", file=sys.stderr, flush=True)
     folder = checkpoints.ensure(args.cache, ["gpt2-tiny"])["gpt2-tiny"]
-    ctx = multiprocessing.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_edit_cost_worker, args=(child, str(folder), args.edit_cost_reps, args.threads))
-    proc.start()
-    child.close()
-    try:
-        edit_cost = conn.recv()
-    except EOFError:
-        edit_cost = {"error": f"its process ended (exit code {proc.exitcode})"}
-    proc.join()
+    edit_cost = in_own_process(args.threads, python_edit_cost, str(folder), args.edit_cost_reps)
+    paired = {}
+    for kind in args.models:
+        print(f"flexmodel: {kind} every-module capture and forward, {args.paired_reps} pairs", file=sys.stderr,
+              flush=True)
+        paired[kind] = in_own_process(args.threads, capture_overhead, kind, str(folders[kind]), args.shapes[-1],
+                                      args.paired_reps)
     check_shape = f"{args.shapes[-1][0]}x{args.shapes[-1][1]}"
-    check_values, check_lines = checks(rows, args.models, check_shape, edit_cost)
+    check_values, check_lines = checks(rows, args.models, check_shape, edit_cost, paired)
 
     print()
     print(report.header(versions, machine))
@@ -487,7 +537,8 @@ def main():
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = dict(quick=args.quick, reps=args.reps, processes="one per tool", peer_malloc=args.peer_malloc, shapes=[f"{b}x{t}" for b, t in args.shapes],
+    settings = dict(quick=args.quick, reps=args.reps, paired_reps=args.paired_reps, processes="one per tool",
+                    peer_malloc=args.peer_malloc, shapes=[f"{b}x{t}" for b, t in args.shapes],
                     new_tokens=args.new_tokens, threads=args.threads, hf_attention=contenders.HF_ATTENTION,
                     steer_block=contenders.STEER_BLOCK, cache=str(args.cache))
     (out / "bench_python.json").write_text(json.dumps(
