@@ -28,15 +28,37 @@ at::Tensor sink_softmax(at::Tensor scores, const at::Tensor& allowed, const at::
   return at::softmax(all, -1).narrow(-1, 0, s);
 }
 
+bool power_of_two(double x) {
+  int exponent = 0;
+  return x > 0 && std::isfinite(x) && std::frexp(x, &exponent) == 0.5;
+}
+
+// The net factor on q k^T when applying it to q instead gives the same bits:
+// every factor a power of two (each step then exact, in any order) and q of a
+// dtype with float32's exponent range (float16's would go subnormal). q is
+// [T, D] per head where the scores are [T, S]: a smaller pass, and none on the
+// scores. 0 when the factors must be applied to the scores, in their order.
+double scale_foldable_into_q(const AttendOptions& o, at::ScalarType q_dtype) {
+  if (q_dtype != at::kFloat && q_dtype != at::kBFloat16) return 0.0;
+  if (!power_of_two(o.multiply)) return 0.0;
+  for (double d : o.divide)
+    if (!power_of_two(d)) return 0.0;
+  return o.scale();
+}
+
 // The probabilities [B, H, T, S] (T: the rows of q given), in v's dtype: the
 // eager arithmetic, shared by the eager and the chunked path.
-at::Tensor attention_probabilities(const at::Tensor& q, const at::Tensor& k, const at::Tensor& allowed,
+at::Tensor attention_probabilities(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& allowed,
                                    const AttendOptions& o, at::ScalarType out_dtype) {
-  at::Tensor scores = o.upcast_scores ? at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2))
-                                      : at::matmul(q, k.transpose(-1, -2));
-  if (o.multiply != 1.0) scores = scores * o.multiply;
-  for (double d : o.divide)
-    if (d != 1.0) scores = scores / d;
+  const at::Tensor q_mm = o.upcast_scores ? q_in.to(at::kFloat) : q_in;
+  const double folded = scale_foldable_into_q(o, q_mm.scalar_type());
+  const at::Tensor q = folded != 0.0 && folded != 1.0 ? q_mm * folded : q_mm;
+  at::Tensor scores = at::matmul(q, (o.upcast_scores ? k.to(at::kFloat) : k).transpose(-1, -2));
+  if (folded == 0.0) {
+    if (o.multiply != 1.0) scores = scores * o.multiply;
+    for (double d : o.divide)
+      if (d != 1.0) scores = scores / d;
+  }
   if (o.softcap > 0) scores = at::tanh(scores / o.softcap) * o.softcap;
   if (o.sinks.defined()) return sink_softmax(std::move(scores), allowed, o.sinks).to(out_dtype);
   // Moved: at most two score-sized tensors are alive at any step.

@@ -3,8 +3,10 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/kernels/softmax.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
 #include <limits>
@@ -169,9 +171,22 @@ double lowest_value(at::ScalarType t) {
 }
 
 at::Tensor masked_softmax(at::Tensor scores, const at::Tensor& allowed, bool upcast) {
-  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), lowest_value(scores.scalar_type()));
+  // In place where no graph is recorded: a fresh score-sized tensor per step
+  // is a pass over cold memory, which cost more than the softmax itself.
+  if (flex::masked_softmax_applies(scores, allowed)) {  // float32: both steps in one pass per row
+    flex::masked_softmax_(scores, allowed, static_cast<float>(lowest_value(at::kFloat)));
+    return scores;
+  }
+  const bool in_place = !(at::GradMode::is_enabled() && scores.requires_grad()) && scores.is_contiguous();
+  if (allowed.defined()) {
+    const at::Tensor hidden = allowed.logical_not();
+    const double lowest = lowest_value(scores.scalar_type());
+    scores = in_place ? scores.masked_fill_(hidden, lowest) : scores.masked_fill(hidden, lowest);
+  }
   if (upcast && scores.scalar_type() != at::kFloat)
     return at::softmax(scores, -1, at::kFloat).to(scores.scalar_type());
+  // ATen's last-dim softmax finishes each row's reads before it writes the row.
+  if (in_place) return at::_softmax_out(scores, scores, -1, /*half_to_float=*/false);
   return at::softmax(scores, -1);
 }
 

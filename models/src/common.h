@@ -75,6 +75,8 @@ double lowest_value(at::ScalarType t);
 
 /// softmax over the last dim of `scores` with masked entries set to the
 /// dtype's lowest value first (HF's finfo.min), optionally in float32.
+/// Consumes `scores`: where no autograd graph is recorded it is written in
+/// place (the result then shares its storage), so pass a tensor you own.
 at::Tensor masked_softmax(at::Tensor scores, const at::Tensor& allowed, bool upcast);
 
 /// repeat_kv: [B, H_kv, S, D] -> [B, H_kv * n_rep, S, D] (head h uses kv head h / n_rep).

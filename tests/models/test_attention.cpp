@@ -188,6 +188,67 @@ TEST(Attend, ScoreOrderAndUpcastOptionsMatchTheirFormula) {
   EXPECT_TRUE(close(z.to(at::kFloat), reference(q, k, v, allowed, 1.0 / 6.0, 0), "bf16", 5e-2, 5e-2));
 }
 
+// The eager path applies a net power-of-two scale to q rather than to the
+// scores, and masks and normalizes the scores in place where no graph is
+// recorded. Both must leave the probabilities a hook sees with the bits of the
+// architecture's own order (q k^T, * multiply, / each divide, masked_fill,
+// softmax), written out here op by op; a factor that is not a power of two
+// keeps that order. float32 scores on an AVX2 CPU go through
+// flex::masked_softmax_ (its own exp: within a few ulps, not the bits), so the
+// bits are checked with the ISA capped at scalar, where libtorch's softmax
+// runs. With a graph recorded, the gradient equals the written-out formula's.
+TEST(Attend, EagerProbabilitiesKeepTheScoreOrderBits) {
+  at::manual_seed(5);
+  const at::Tensor allowed = causal_allowed(11, 2, {});
+  struct Factors { double multiply; std::vector<double> divide; };
+  const std::vector<Factors> all = {{1.0, {8.0}}, {0.5, {2.0, 4.0}}, {1.0, {std::sqrt(128.0)}}, {0.7, {2.0}}};
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    for (const Factors& f : all) {
+      const at::Tensor q = (at::randn({2, 3, 11, 16}) * 2).to(dt), k = at::randn({2, 3, 13, 16}).to(dt);
+      const at::Tensor v = at::randn({2, 3, 13, 16}).to(dt);
+      at::Tensor want = at::matmul(q, k.transpose(-1, -2));
+      if (f.multiply != 1.0) want = want * f.multiply;
+      for (double d : f.divide) want = want / d;
+      want = at::softmax(want.masked_fill(allowed.logical_not(), fd::lowest_value(dt)), -1);
+      AttendOptions o;
+      o.multiply = f.multiply;
+      o.divide = f.divide;
+      Identity point("HookPoint");
+      at::Tensor seen;
+      auto handle = point.register_forward_hook([&](Module&, const Inputs&, Value& out) { seen = out.toTensor(); });
+      for (flex::Isa isa : {flex::Isa::Scalar, flex::cpu_isa_supported()}) {
+        flex::ScopedIsa cap(isa);
+        const at::Tensor z = fd::attend(q, k, v, allowed, o, point);
+        ASSERT_EQ(fd::last_attend_trace().path, AttendTrace::Path::Eager);
+        const std::string what = std::string(c10::toString(dt)) + " " + flex::to_string(isa) + " multiply " +
+                                 std::to_string(f.multiply) + " divide " + std::to_string(f.divide[0]);
+        if (dt == at::kFloat && isa >= flex::Isa::Avx2) {
+          EXPECT_TRUE(flex_test::close(seen, want, 2e-6, 1e-7)) << what;
+          EXPECT_TRUE(flex_test::close(z, at::matmul(want, v), 1e-5, 1e-6)) << what;
+        } else {
+          EXPECT_TRUE(flex_test::equal(seen, want)) << what;
+          EXPECT_TRUE(flex_test::equal(z, at::matmul(want, v))) << what;
+        }
+      }
+
+      // Recording a graph: out of place, and the gradient reaches q.
+      if (dt != at::kFloat) {
+        handle.remove();
+        continue;
+      }
+      const at::Tensor qg = q.clone().requires_grad_(true), qr = q.clone().requires_grad_(true);
+      fd::attend(qg, k, v, allowed, o, point).square().sum().backward();
+      at::Tensor r = at::matmul(qr, k.transpose(-1, -2));
+      if (f.multiply != 1.0) r = r * f.multiply;
+      for (double d : f.divide) r = r / d;
+      at::matmul(at::softmax(r.masked_fill(allowed.logical_not(), fd::lowest_value(dt)), -1), v).square().sum()
+          .backward();
+      EXPECT_TRUE(flex_test::close(qg.grad(), qr.grad(), 1e-6, 1e-5)) << "multiply " << f.multiply;
+      handle.remove();
+    }
+  }
+}
+
 TEST(Attend, BlocksOfQueriesStayUnderTheBudget) {
   // The case the budget is for: B=1, H=4, T=S=4096 in float32 is 256 MiB of scores.
   const int64_t mib = int64_t{1} << 20;
