@@ -324,6 +324,18 @@ def add_ratios(rows):
             r["ratio"] = r["ms"] / b
 
 
+def interleaved_ms(cases, ids, reps):
+    """{name: [ms per repetition]} for in-process cases timed back to back, the order rotating each
+    repetition so that no case always runs first."""
+    names = list(cases)
+    ms = {k: [] for k in names}
+    for rep in range(reps):
+        r = rep % len(names)
+        for k in names[r:] + names[:r]:
+            ms[k].append(timed(cases[k], ids)[0])
+    return ms
+
+
 # --- flexmodel's Python editing function, per call ---------------------------------------
 def python_edit_cost(folder, reps):
     """us per call of a no-op Python editing function: every module of GPT-2's tree at width 64 hooked,
@@ -343,21 +355,14 @@ def python_edit_cost(folder, reps):
     calls[0] = 0
     timed(with_fn, ids)
     per_forward = calls[0]
-    a, b = [], []
-    for rep in range(reps):
-        pair = (without, with_fn) if rep % 2 == 0 else (with_fn, without)  # neither always runs first
-        t = {id(c): timed(c, ids)[0] for c in pair}
-        a.append(t[id(without)])
-        b.append(t[id(with_fn)])
+    ms = interleaved_ms({"without": without, "with": with_fn}, ids, reps)
+    a, b = ms["without"], ms["with"]
     diff = statistics.median(y - x for x, y in zip(a, b))
     return dict(us_per_call=diff * 1e3 / per_forward, calls_per_forward=per_forward, model="gpt2-tiny",
                 input="1x8", reps=reps, ms_without=statistics.median(a), ms_with=statistics.median(b))
 
 
 # --- flexmodel's every-module capture against its own forward, paired ---------------------
-PAIRED = ["forward", "every", "modules"]
-
-
 def capture_overhead(kind, folder, shape, reps):
     """Every-module capture / flexmodel's own unhooked forward, as the median of paired ratios: each
     repetition times the forward, the capture of every name and of the modules only back to back (the
@@ -371,11 +376,7 @@ def capture_overhead(kind, folder, shape, reps):
     ids = prompt_ids(*shape, flex.model.config["vocab_size"])
     for c in cases.values():
         timed(c, ids)
-    ms = {k: [] for k in PAIRED}
-    for rep in range(reps):
-        order = PAIRED[rep % 3:] + PAIRED[:rep % 3]
-        for k in order:
-            ms[k].append(timed(cases[k], ids)[0])
+    ms = interleaved_ms(cases, ids, reps)
     out = dict(model=kind, input=f"{shape[0]}x{shape[1]}", reps=reps, ms=ms)
     for k in ("every", "modules"):
         out[f"{k}_paired_ratio"] = statistics.median(e / f for e, f in zip(ms[k], ms["forward"]))
