@@ -2,7 +2,9 @@
 // row at a time: (1) masked entries become `fill`, the row's maximum is
 // taken; (2) exp(x - max) is stored and summed; (3) the row is scaled by
 // 1 / sum. Passes 2 and 3 find the row in L1. Rows are independent, so a
-// row's bits do not depend on how rows are split among threads.
+// row's bits do not depend on how rows are split among threads. A NaN needs
+// no bookkeeping: its exp is NaN whatever the maximum, so the sum and with it
+// the whole row become NaN, as in libtorch.
 #include <flex/hooks/errors.h>
 #include <flex/kernels/cpu_isa.h>
 #include <flex/kernels/softmax.h>
@@ -42,7 +44,7 @@ void row_scalar(const Row& r) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < r.n; ++i) {
     if (r.allowed && !r.allowed[i]) r.x[i] = r.fill;
-    m = std::isnan(r.x[i]) ? r.x[i] : std::max(m, r.x[i]);
+    m = std::max(m, r.x[i]);
   }
   float sum = 0.0f;
   for (int64_t i = 0; i < r.n; ++i) {
@@ -92,23 +94,20 @@ FLEX_TARGET_AVX2 void row_avx2(const Row& r) {
   const int64_t n8 = r.n / 8 * 8;
   const __m256 fill = _mm256_set1_ps(r.fill);
   __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 nan = _mm256_setzero_ps();
   for (int64_t i = 0; i < n8; i += 8) {
     __m256 v = _mm256_loadu_ps(r.x + i);
     if (r.allowed) {
       v = _mm256_blendv_ps(fill, v, allowed_avx2(r.allowed + i));
       _mm256_storeu_ps(r.x + i, v);
     }
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     vmax = _mm256_max_ps(vmax, v);
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, vmax);
   float m = *std::max_element(lanes, lanes + 8);
-  if (_mm256_movemask_ps(nan)) m = std::numeric_limits<float>::quiet_NaN();
   for (int64_t i = n8; i < r.n; ++i) {
     if (r.allowed && !r.allowed[i]) r.x[i] = r.fill;
-    m = std::isnan(r.x[i]) ? r.x[i] : (std::isnan(m) ? m : std::max(m, r.x[i]));
+    m = std::max(m, r.x[i]);
   }
   const __m256 vm = _mm256_set1_ps(m);
   __m256 vsum = _mm256_setzero_ps();
@@ -154,7 +153,6 @@ FLEX_TARGET_AVX512 void row_avx512(const Row& r) {
   const __m512 fill = _mm512_set1_ps(r.fill);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 vmax = neg_inf;
-  __mmask16 nan = 0;
   for (int64_t i = 0; i < r.n; i += 16) {
     const __mmask16 live = r.n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (r.n - i)) - 1);
     __m512 v = _mm512_maskz_loadu_ps(live, r.x + i);
@@ -163,10 +161,9 @@ FLEX_TARGET_AVX512 void row_avx512(const Row& r) {
       v = _mm512_mask_blend_ps(_mm512_test_epi32_mask(w, w), fill, v);
       _mm512_mask_storeu_ps(r.x + i, live, v);
     }
-    nan |= _mm512_mask_cmp_ps_mask(live, v, v, _CMP_UNORD_Q);
     vmax = _mm512_mask_max_ps(vmax, live, vmax, v);
   }
-  const float m = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(vmax);
+  const float m = _mm512_reduce_max_ps(vmax);
   const __m512 vm = _mm512_set1_ps(m);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t i = 0; i < r.n; i += 16) {
