@@ -146,7 +146,7 @@ TEST(Splice, FeatureEditsAndSteeringChangeTheLogitsByTheDecoderRows) {
   const at::Tensor x = captured(lm, kPlace);
   auto sae = random_dictionary(SaeArchitecture::Standard, "blocks.1.hook_resid_post");
   const at::Tensor f = features_by_hand(*sae, x);
-  const int64_t feat = f.select(-1, 0).gt(0).any().item<bool>() ? 0 : f.sum({0, 1}).argmax().item<int64_t>();
+  const int64_t feat = f.select(-1, 0).gt(0).any().item<bool>() ? 0 : f.sum(at::IntArrayRef{0, 1}).argmax().item<int64_t>();
   const std::string acts = std::string(kPlace) + ".sae.hook_sae_acts_post";
 
   {  // clamp, with the error term: x + (v - f) W_dec[feat]
