@@ -30,4 +30,9 @@ if(Torch_VERSION VERSION_LESS FLEX_MIN_TORCH_VERSION)
     "flexmodel needs libtorch ${FLEX_MIN_TORCH_VERSION} or newer; found ${Torch_VERSION} in ${Torch_DIR}. "
     "Install PyTorch (bash scripts/install-deps.sh) or give -DTorch_DIR=<libtorch>/share/cmake/Torch.")
 endif()
-message(STATUS "flexmodel: libtorch ${Torch_VERSION} from ${Torch_DIR}")
+# libtorch 2.14's headers need C++20 (ATen.h stops anything older); up to 2.13
+# they take C++17, which the build keeps there.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+  set(CMAKE_CXX_STANDARD 20)
+endif()
+message(STATUS "flexmodel: libtorch ${Torch_VERSION} from ${Torch_DIR} (C++${CMAKE_CXX_STANDARD})")
