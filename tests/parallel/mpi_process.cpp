@@ -8,12 +8,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "mpi_util.h"
@@ -75,7 +78,45 @@ TEST(Process, SynchronizeRngStateCopiesRankZerosState) {
   for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(mine[r], mine[0]));
 
   EXPECT_THROW(synchronize_rng_state(*w, RngType::Generator), ConfigError);  // no generator: on every rank
-  EXPECT_THROW(synchronize_rng_state(*w, RngType::Cuda), ConfigError);       // this test runs without CUDA
+}
+
+// RngType::Cuda: without a CUDA device a ConfigError on every rank; with one,
+// the current device's generator takes rank 0's state on every rank (the
+// ranks share the machine's GPUs; each uses its current device).
+TEST(Process, SynchronizeRngStateCudaCopiesRankZerosCudaState) {
+  auto w = world();
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+    EXPECT_THROW(synchronize_rng_state(*w, RngType::Cuda), ConfigError);
+    return;
+  }
+  const at::Device dev(at::kCUDA, at::detail::getCUDAHooks().current_device());
+  at::Generator gen = at::globalContext().defaultGenerator(dev);
+  auto state = [&] {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state().clone();  // a CPU uint8 tensor: seed and offset
+  };
+  set_seed(300, /*device_specific=*/true, w.get());
+  at::randn({5}, at::TensorOptions().device(dev));  // advances the offset; states differ per rank
+  const at::Tensor before = state();
+  const auto before_all = everyone(*w, before);
+  if (w->size() > 1) {
+    EXPECT_FALSE(at::equal(before_all[0], before_all[1])) << "the states differ before";
+  }
+  synchronize_rng_state(*w, RngType::Cuda);
+  const auto after = everyone(*w, state());
+  for (int r = 0; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(after[r], before_all[0])) << "rank " << r;
+  // Equal states draw equal numbers.
+  const auto draws = everyone(*w, at::randn({8}, at::TensorOptions().device(dev)).cpu());
+  for (int r = 1; r < w->size(); ++r) EXPECT_TRUE(flex_test::equal(draws[r], draws[0])) << "rank " << r;
+  // Through synchronize_rng_states with both kinds.
+  set_seed(400, /*device_specific=*/true, w.get());
+  synchronize_rng_states(*w, {RngType::Torch, RngType::Cuda});
+  const auto cpu_draws = everyone(*w, at::randn({4}));
+  const auto gpu_draws = everyone(*w, at::randn({4}, at::TensorOptions().device(dev)).cpu());
+  for (int r = 1; r < w->size(); ++r) {
+    EXPECT_TRUE(flex_test::equal(cpu_draws[r], cpu_draws[0])) << "rank " << r;
+    EXPECT_TRUE(flex_test::equal(gpu_draws[r], gpu_draws[0])) << "rank " << r;
+  }
 }
 
 TEST(Process, WaitForEveryoneWaitsForTheLastRank) {
