@@ -3,6 +3,7 @@
 #include "shard_format.h"
 
 #include <flex/datasets/activation_shards.h>
+#include <flex/datasets/batch_runner.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/causal_lm.h>
@@ -137,6 +138,7 @@ DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokeni
   } restore{fm, handles};
 
   at::NoGradGuard no_grad;
+  BatchRunner runner(fm);  // each batch goes where the model takes its inputs
   DatasetCaptureProgress p;
   p.contexts = start.context;
   p.contexts_total = o.corpus.max_contexts;
@@ -152,7 +154,7 @@ DatasetCaptureResult capture_dataset(FlexModel& fm, std::shared_ptr<const Tokeni
     }
     LMInputs in;
     in.input_ids = batch->input_ids;
-    fm.forward(in.to_inputs());
+    runner.forward(std::move(in));
     auto got = sink->take();
     // Every rank takes the columns (a caller may gather them over the ranks).
     std::vector<at::Tensor> column_values;

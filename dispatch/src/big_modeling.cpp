@@ -161,6 +161,21 @@ Module& dispatch_model(Module& model, const DeviceMap& device_map, const Dispatc
   return model;
 }
 
+c10::Device input_device(Module& model) {
+  bool meta = false;
+  for (auto& [name, m] : model.named_flex_modules()) {
+    if (auto h = find_hook<AlignDevicesHook>(m->model_hook()); h && h->options().execution_device)
+      return *h->options().execution_device;
+    if (auto h = find_hook<CpuOffloadHook>(m->model_hook())) return h->execution_device();
+    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
+      // A pipeline stage holds only its part: what it does not run stays on meta.
+      if (!p.value().is_meta()) return p.value().device();
+      meta = true;
+    }
+  }
+  return meta ? c10::Device(at::kMeta) : c10::Device(at::kCPU);
+}
+
 std::optional<DeviceMap> hf_device_map(const Module& model) {
   const Value* v = model.attribute("hf_device_map");
   if (!v || !v->isString()) return std::nullopt;

@@ -92,7 +92,24 @@ Embedding::Embedding(int64_t num, int64_t dim, const at::TensorOptions& options)
   }
 }
 
-Value Embedding::forward(Inputs inputs) { return at::embedding(weight, inputs.tensor(0)); }
+void check_input_device(const Module& module, const at::Tensor& input, const at::Tensor& weight, const char* input_name) {
+  if (!weight.defined() || !input.defined() || input.device() == weight.device()) return;
+  throw DeviceError(module.class_name() + ": " + input_name + " is on " + input.device().str() + " but its weights are on " +
+                        weight.device().str() + " (place the inputs on the device of the module that consumes them)",
+                    &module);
+}
+
+Value DenseLayer::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  check_input_device(*this, x, weight, "the input");
+  return compute(x);
+}
+
+Value Embedding::forward(Inputs inputs) {
+  const at::Tensor& ids = inputs.tensor(0);
+  check_input_device(*this, ids, weight, "input_ids");
+  return at::embedding(weight, ids);
+}
 
 LayerNorm::LayerNorm(int64_t d, double e, bool affine, const at::TensorOptions& options)
     : Module("LayerNorm"), dim(d), eps(e) {

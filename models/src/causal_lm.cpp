@@ -75,13 +75,28 @@ at::Tensor CausalLM::logits(const at::Tensor& input_ids) {
   return run(in).logits;
 }
 
+namespace {
+// The module's dotted name below `root`, for errors that carry only its identity.
+std::string name_below(Module& root, const void* module) {
+  for (auto& [name, m] : root.named_flex_modules())
+    if (m.get() == module) return name.empty() ? "the model" : "'" + name + "'";
+  return "";
+}
+}  // namespace
+
 Value CausalLM::forward(Inputs inputs) {
-  Value base = (*base_model())(std::move(inputs));
-  if (!base.isTuple() || base.toTupleRef().elements().size() != 3)
-    throw ConfigError(class_name() + ": the base model must return (hidden, cache, hidden_states)");
-  const auto& el = base.toTupleRef().elements();
-  at::Tensor logits = finish_logits((*output_embeddings())(el[0].toTensor()));
-  return detail::tuple_of({logits, el[1], el[2]});
+  try {
+    Value base = (*base_model())(std::move(inputs));
+    if (!base.isTuple() || base.toTupleRef().elements().size() != 3)
+      throw ConfigError(class_name() + ": the base model must return (hidden, cache, hidden_states)");
+    const auto& el = base.toTupleRef().elements();
+    at::Tensor logits = finish_logits((*output_embeddings())(el[0].toTensor()));
+    return detail::tuple_of({logits, el[1], el[2]});
+  } catch (const DeviceError& e) {
+    const std::string name = e.module() ? name_below(*this, e.module()) : "";
+    if (name.empty()) throw;
+    throw DeviceError("module " + name + ": " + e.what());
+  }
 }
 
 }  // namespace flex

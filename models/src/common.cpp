@@ -53,8 +53,9 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
       throw ShapeError(who + ": attention_mask must be [batch, past + seq] = [" + std::to_string(batch) + ", " +
                        std::to_string(c.past + t) + "], got " + shape_text(c.attention_mask.sizes()));
     c.attention_mask = c.attention_mask.ne(0);
-    // An all-ones mask masks nothing: drop it so the unpadded path is taken.
-    if (c.attention_mask.all().item<bool>()) c.attention_mask = at::Tensor();
+    // An all-ones mask masks nothing: drop it so the unpadded path is taken
+    // (a mask on meta has no values to look at: it is kept).
+    if (!c.attention_mask.is_meta() && c.attention_mask.all().item<bool>()) c.attention_mask = at::Tensor();
   }
 
   c.position_ids = named_tensor(inputs, "position_ids", who);

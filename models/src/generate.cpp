@@ -1,3 +1,4 @@
+#include <flex/dispatch/big_modeling.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 #include <flex/models/generate.h>
@@ -75,8 +76,16 @@ std::pair<at::Tensor, at::Tensor> pad_left(const std::vector<std::vector<int64_t
 
 GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                         const GenerateOptions& opts) {
-  return generate([&model](const LMInputs& in) { return model.run(in).logits; }, model.config(), input_ids,
-                  attention_mask, opts);
+  // The prompt goes to the device of the module that consumes it; the tokens
+  // come back on the prompt's own device.
+  const c10::Device device = input_device(model);
+  const c10::Device caller = input_ids.defined() ? input_ids.device() : device;
+  GenerateOutput out = generate([&model](const LMInputs& in) { return model.run(in).logits; }, model.config(),
+                                input_ids.defined() ? input_ids.to(device) : input_ids,
+                                attention_mask.defined() ? attention_mask.to(device) : attention_mask, opts);
+  out.sequences = out.sequences.to(caller);
+  out.attention_mask = out.attention_mask.to(caller);
+  return out;
 }
 
 GenerateOutput generate(const LogitsFn& model_step, const ModelConfig& cfg, const at::Tensor& input_ids,

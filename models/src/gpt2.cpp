@@ -104,8 +104,10 @@ GPT2Model::GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts) : Mo
 Value GPT2Model::forward(Inputs inputs) {
   auto call = detail::read_call(inputs, cfg_, "GPT2Model");
   const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
-  if (call.past + t > cfg_.max_position_embeddings || call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
-      call.position_ids.min().item<int64_t>() < 0)
+  // (Values are read only where they exist: a model on meta runs shapes only.)
+  if (call.past + t > cfg_.max_position_embeddings ||
+      (!call.position_ids.is_meta() && (call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
+                                        call.position_ids.min().item<int64_t>() < 0)))
     throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
                      std::to_string(cfg_.max_position_embeddings));
   at::Tensor hidden = (*wte)(call.input_ids);  // wte before wpe: hooks see HF's call order

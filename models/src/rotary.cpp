@@ -106,8 +106,12 @@ void RotaryEmbedding::reset_buffers(const at::Device& device) {
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::compute(const at::Tensor& x, const at::Tensor& position_ids) {
-  if (inv_freq.is_meta())
+  // A model wholly on meta runs shapes only (how the tests find a CPU tensor
+  // made mid-forward without a GPU); meta frequencies under real activations
+  // are a model that was never loaded.
+  if (inv_freq.is_meta() && !x.is_meta())
     throw UnsupportedError(class_name() + ": inv_freq is on the meta device; load the model (or call reset_buffers) first");
+  if (position_ids.is_meta()) return rope_cos_sin(inv_freq, position_ids, x, cfg_.rope_scaling.cos_sin_scale());
   if (cfg_.rope_scaling.rope_type == "dynamic") {
     // Dynamic NTK: grow the base once positions pass the trained length, and
     // go back to the original frequencies for short inputs again.
@@ -167,7 +171,7 @@ std::pair<at::Tensor, at::Tensor> LayerTypeRotaryEmbedding::compute(const at::Te
   const at::Tensor& inv = sliding ? sliding_inv_freq : full_inv_freq;
   if (!has_type(sliding))
     throw NotFoundError(class_name() + ": the model has no " + (sliding ? "sliding" : "full") + "-attention layer");
-  if (inv.is_meta())
+  if (inv.is_meta() && !x.is_meta())  // as RotaryEmbedding::compute: a meta model runs shapes only
     throw UnsupportedError(class_name() + ": inv_freq is on the meta device; load the model (or call reset_buffers) first");
   const RopeScaling& s = sliding && cfg_.sliding_rope ? cfg_.sliding_rope->scaling : cfg_.rope_scaling;
   return rope_cos_sin(inv, position_ids, x, s.cos_sin_scale());

@@ -36,8 +36,8 @@ from . import _C  # noqa: E402  (after the version check: a mismatched libtorch 
 # resident size then stays at its high-water mark. FLEXMODEL_KEEP_FREED_MEMORY=0 leaves malloc alone.
 _C.keep_freed_memory()
 from .errors import (  # noqa: E402,F401
-    ConfigError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError, NumericError,
-    ShapeError, UnsupportedError)
+    ConfigError, DeviceError, DeviceMapError, EditingFunctionError, Error, FileFormatError, IOError, NotFoundError,
+    NumericError, ShapeError, UnsupportedError)
 from .modeling import Module, PreTrainedModel, from_pretrained  # noqa: E402,F401
 from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
 from .big_modeling import (  # noqa: E402,F401

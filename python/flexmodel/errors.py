@@ -29,6 +29,10 @@ class DeviceMapError(Error, ValueError):
     """A device map or memory budget that cannot be satisfied or parsed."""
 
 
+class DeviceError(DeviceMapError):
+    """A tensor given to a module on another device than the module's weights (names both, and the module)."""
+
+
 class ConfigError(Error, ValueError):
     """Contradictory or invalid options or configuration."""
 

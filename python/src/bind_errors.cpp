@@ -81,6 +81,8 @@ void bind_errors(py::module_& m) {
       raise("FileFormatError", e.what());
     } catch (const IOError& e) {
       raise("IOError", e.what());
+    } catch (const DeviceError& e) {
+      raise("DeviceError", e.what());
     } catch (const DeviceMapError& e) {
       raise("DeviceMapError", e.what());
     } catch (const ConfigError& e) {

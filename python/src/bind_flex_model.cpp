@@ -5,6 +5,7 @@
 // objects so the CLI and Python share one implementation.
 #include "bindings.h"
 
+#include <flex/datasets/batch_runner.h>
 #include <flex/flexcore/activation_edits.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/flexcore/routing_edits.h>
@@ -71,7 +72,7 @@ Value run(FlexModel& fm, const at::Tensor& input_ids, const std::optional<at::Te
     LMInputs lm;
     lm.input_ids = input_ids;
     if (attention_mask) lm.attention_mask = *attention_mask;
-    in = lm.to_inputs();
+    in = BatchRunner(fm).place(std::move(lm)).to_inputs();  // where the model takes its inputs
   } else {
     in.args.emplace_back(input_ids);
   }

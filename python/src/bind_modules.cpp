@@ -100,9 +100,11 @@ void bind_modules(py::module_& m) {
       .def(
           "logits",
           [](CausalLM& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask) {
+            // Placed where the model takes its inputs (one device or a map).
+            const c10::Device device = input_device(self);
             LMInputs in;
-            in.input_ids = input_ids;
-            if (attention_mask) in.attention_mask = *attention_mask;
+            in.input_ids = input_ids.to(device);
+            if (attention_mask) in.attention_mask = attention_mask->to(device);
             py::gil_scoped_release nogil;
             return self.run(in).logits;
           },

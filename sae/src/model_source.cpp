@@ -5,6 +5,7 @@
 // was in by reading the corpus alone and re-runs only that block's forwards.
 #include <flex/sae/model_source.h>
 
+#include <flex/datasets/batch_runner.h>
 #include <flex/datasets/token_contexts.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
@@ -133,13 +134,14 @@ class ModelSource : public ActivationSource {
     *y_ = at::Tensor();
     LMInputs in;
     in.input_ids = ids;
-    fm_.forward(in.to_inputs());
+    BatchRunner(fm_).forward(std::move(in));  // placed where the model takes its inputs
     if (!x_->defined()) throw NotFoundError("hook '" + o_.hook + "' did not run in the model's forward");
     if (!o_.hook_out.empty() && !y_->defined())
       throw NotFoundError("hook '" + o_.hook_out + "' did not run in the model's forward");
   }
 
-  static at::Tensor flat(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}).to(at::kFloat).contiguous(); }
+  // Rows on the CPU, as an activation dataset gives them, whatever device the model ran on.
+  static at::Tensor flat(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}).to(at::kCPU, at::kFloat).contiguous(); }
 
   // The next block: batches of contexts from block_start_ until buffer_tokens
   // (a pass ends a block early; the next pass starts again after the held-out
@@ -205,13 +207,15 @@ NextTokenLosses next_token_losses(const std::shared_ptr<CausalLM>& model, const 
   at::NoGradGuard no_grad;
   NextTokenLosses r;
   FlexModel fm(model);
+  BatchRunner runner(fm);
   auto loss = [&] {
     double total = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < ids.size(0); b += 8) {
-      const at::Tensor x = ids.narrow(0, b, std::min<int64_t>(8, ids.size(0) - b));
       LMInputs in;
-      in.input_ids = x;
+      in.input_ids = ids.narrow(0, b, std::min<int64_t>(8, ids.size(0) - b));
+      in = runner.place(std::move(in));
+      const at::Tensor& x = in.input_ids;
       const at::Tensor logits = LMOutput::from_value(fm.forward(in.to_inputs())).logits.to(at::kFloat);
       const at::Tensor lp = logits.narrow(1, 0, x.size(1) - 1).log_softmax(-1);
       total -= lp.gather(-1, x.narrow(1, 1, x.size(1) - 1).unsqueeze(-1)).sum().item<double>();

@@ -31,6 +31,16 @@ std::string first_existing(Module& model, const std::vector<std::string>& names)
 const char* kUnderstood =
     "hook_embed, hook_pos_embed, blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hook_mlp_out / "
     "hook_mlp_in / ln2.hook_normalized / attn.hook_z / attn.hook_pattern, or a module name of the model";
+// The dictionary computes where the activation is: moved (once, its tensors
+// with it) to the activation's device the first time it sees one elsewhere,
+// so a dictionary loaded on the CPU splices into a model on a GPU or split
+// over devices without the caller placing it.
+void follow_device(SparseDictionary& sae, const at::Tensor& x) {
+  for (const auto& p : sae.parameters()) {
+    if (p.device() != x.device()) sae.to(x.device());
+    return;
+  }
+}
 
 }  // namespace
 
@@ -200,6 +210,7 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
                              "there can observe only (SpliceMode::Observe)");
     s.handles.push_back(attach_at(fm, in, [sae, mode, place](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
       check_width(sae->config(), x, place);
+      follow_device(*sae, x);
       if (mode == SpliceMode::Observe) {
         sae->observe(x);  // features only: nothing is decoded
         return x;
@@ -223,6 +234,7 @@ Splice splice_sae(FlexModel& fm, std::shared_ptr<SparseDictionary> sae, const Sp
     const std::string place = describe(in);
     s.handles.push_back(attach_at(fm, in, [input, sae, place](Module&, const at::Tensor& x, SaveContext&, TrainableModules&) {
       check_width(sae->config(), x, place);
+      follow_device(*sae, x);
       *input = x;
       return x;
     }));

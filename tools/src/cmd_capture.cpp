@@ -3,7 +3,7 @@
 // --stream-dir, to StreamingSink shards for captures larger than memory).
 #include "cli.h"
 
-#include <flex/dispatch/batch_size.h>
+#include <flex/datasets/batch_runner.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/flexcore/streaming_sink.h>
@@ -91,10 +91,7 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return out;
 }
 
-at::Tensor to_out(const at::Tensor& t, at::ScalarType dtype) {
-  at::Tensor c = t.detach().to(at::kCPU);
-  return c.is_floating_point() ? c.to(dtype).contiguous() : c.contiguous();
-}
+at::Tensor to_out(const at::Tensor& t, at::ScalarType dtype) { return to_cpu_capture(t, dtype); }
 
 /// Casts captures to the output dtype, adds the per-forward input_ids and
 /// logits the root hook stashed, and hands everything to the StreamingSink.
@@ -218,24 +215,13 @@ int run_capture(const std::vector<std::string>& argv) {
   for (const auto& n : names) fm.register_forward_hook(std::make_shared<HookFunction>(n));  // unknown: NotFoundError with close names
 
   const int64_t rows = all.input_ids.size(0);
-  int64_t bs = batch_size > 0 ? std::min(batch_size, rows) : rows;
-  if (auto_batch) {
-    // Accelerate's find_executable_batch_size on the first rows (before any
-    // sink sees a forward): the whole batch, then half, ... until one fits.
-    at::NoGradGuard no_grad;
-    bs = find_executable_batch_size(
-        [&](int64_t b) {
-          LMInputs in;
-          in.input_ids = all.input_ids.narrow(0, 0, b);
-          if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, 0, b);
-          fm.forward(in.to_inputs());
-          fm.clear();
-          for (auto& r : recorders) r->take();
-          return b;
-        },
-        rows);
-    log(LogLevel::Info, "--batch-size auto: " + std::to_string(bs) + " row(s) per forward");
-  }
+  // Placement, batching and collection: the batch runner's (inputs go to the
+  // device of the module that consumes them, captures come back on the CPU).
+  BatchRunner runner(fm, BatchRunnerOptions().batch_size(batch_size).auto_batch_size(auto_batch).capture_dtype(out_dtype));
+  const TokenBatch whole{all.input_ids, all.attention_mask};
+  const int64_t bs = runner.batch_size(whole);
+  for (auto& r : recorders) r->take();  // what auto's trial forwards recorded
+  if (auto_batch) log(LogLevel::Info, "--batch-size auto: " + std::to_string(bs) + " row(s) per forward");
 
   std::shared_ptr<StreamWriter> stream;
   HookHandle root_hook;
@@ -249,7 +235,7 @@ int run_capture(const std::vector<std::string>& argv) {
     });
   }
 
-  const int64_t nbatches = (rows + bs - 1) / bs;
+  const int64_t nbatches = runner.num_forwards(rows);
   // Rank 0 decides where a resumed stream continues; the others follow.
   int64_t skip = stream ? std::min(stream->sink().forwards_done(), nbatches) : 0;
   if (ranks.mesh && args.has("--stream-dir")) {
@@ -264,34 +250,19 @@ int run_capture(const std::vector<std::string>& argv) {
   std::vector<std::vector<StrongestFeatures>> features(recorders.size());
   std::vector<at::Tensor> logits;
   {
-    at::NoGradGuard no_grad;
     Progress progress("capturing", nbatches - skip);
-    for (int64_t b = skip; b < nbatches; ++b) {
-      LMInputs in;
-      in.input_ids = all.input_ids.narrow(0, b * bs, std::min(bs, rows - b * bs));
-      if (all.attention_mask.defined()) in.attention_mask = all.attention_mask.narrow(0, b * bs, in.input_ids.size(0));
-      Value v = fm.forward(in.to_inputs());
+    runner.run(whole, skip, [&](const ForwardSlice& slice, Value& v) {
       if (!stream) {
         if (ranks.writer()) {
           logits.push_back(to_out(LMOutput::from_value(v).logits, out_dtype));
-          // An expert's row indices count tokens of this batch: shift them to
-          // the whole input's flattened b * T + t.
-          const int64_t first_token = b * bs * in.input_ids.size(1);
-          for (auto& [key, list] : fm.output())
-            for (size_t k = 0; k < list.size(); ++k) {
-              at::Tensor t = to_out(list[k], out_dtype);
-              const std::string suffix = "#token_index";
-              if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
-                t = t + first_token;
-              captured[k == 0 ? key : key + "@" + std::to_string(k)].push_back(t);
-            }
+          for (auto& [key, t] : runner.take_captures(slice)) captured[key].push_back(std::move(t));
         }
         fm.clear();
       }
       for (size_t i = 0; i < recorders.size(); ++i)
         for (auto& f : recorders[i]->take_gathered()) features[i].push_back(std::move(f));  // empty but on rank 0
       progress.step();
-    }
+    });
   }
   root_hook.remove();
   if (!ranks.writer()) return 0;  // rank 0 holds the whole captures and writes them

@@ -4,7 +4,7 @@
 #include "cli.h"
 
 #include <flex/datasets/capture_dataset.h>
-#include <flex/dispatch/batch_size.h>
+#include <flex/datasets/batch_runner.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
 #include <flex/tokenizers/tokenizer.h>
@@ -163,17 +163,9 @@ int run_capture_dataset(const Args& args, const std::string& dir, const Ranks& r
     // find_executable_batch_size), probed with the hooks attached.
     std::vector<HookHandle> probe;
     for (const auto& h : o.hooks) probe.push_back(fm.register_forward_hook(std::make_shared<HookFunction>(h)));
-    at::NoGradGuard no_grad;
     const int64_t start = o.corpus.max_contexts > 0 ? std::min<int64_t>(64, o.corpus.max_contexts) : 64;
-    batch_size = find_executable_batch_size(
-        [&](int64_t b) {
-          LMInputs in;
-          in.input_ids = at::zeros({b, *context_len}, at::kLong);
-          fm.forward(in.to_inputs());
-          fm.clear();
-          return b;
-        },
-        start);
+    BatchRunner probe_runner(fm, BatchRunnerOptions().auto_batch_size(true));
+    batch_size = probe_runner.batch_size({at::zeros({start, *context_len}, at::kLong), {}});
     for (auto& h : probe) h.remove();
     fm.clear();
     log(LogLevel::Info, "--batch-size auto: " + std::to_string(batch_size) + " context(s) per forward");

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "features.h"
 
+#include <flex/datasets/batch_runner.h>
 #include <flex/datasets/token_contexts.h>
 #include <flex/dispatch/atomic_file.h>
 #include <flex/flexcore/flex_model.h>
@@ -133,6 +134,7 @@ int run_features(const std::vector<std::string>& argv) {
   int64_t tokens = 0;
   {
     at::NoGradGuard no_grad;
+    BatchRunner runner(fm);  // places each batch where the model takes it
     Progress progress("features", co.max_contexts * context_len, "tokens");
     while (auto batch = contexts.next()) {
       const int64_t vocab = model->config().vocab_size;
@@ -140,7 +142,7 @@ int run_features(const std::vector<std::string>& argv) {
         throw ConfigError(*dataset + ": a token id is outside the model's vocabulary of " + std::to_string(vocab));
       LMInputs in;
       in.input_ids = batch->input_ids;
-      fm.forward(in.to_inputs());
+      runner.forward(std::move(in));
       const int64_t n = batch->input_ids.numel();
       auto codes = recorder.take_codes();
       if (codes.size() != 1 || codes[0].rows != n)

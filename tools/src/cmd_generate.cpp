@@ -3,6 +3,7 @@
 // (zero a module's output or one attention head) and activation patching.
 #include "cli.h"
 
+#include <flex/datasets/batch_runner.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/activation_edits.h>
 #include <flex/flexcore/flex_model.h>
@@ -292,11 +293,12 @@ int run_generate(const std::vector<std::string>& argv) {
     // Rank 0 holds the whole logits; it shares the last position's so every
     // rank picks the same token (sampling is seeded identically) and the
     // ranks keep feeding the same sequence.
+    BatchRunner runner(fm);
     auto step = [&](const LMInputs& in) {
-      Inputs x;
-      x.set("input_ids", in.input_ids);
-      if (in.attention_mask.defined()) x.set("attention_mask", in.attention_mask);
-      const at::Tensor logits = LMOutput::from_value(fm.forward(std::move(x))).logits;
+      LMInputs x;
+      x.input_ids = in.input_ids;
+      x.attention_mask = in.attention_mask;
+      const at::Tensor logits = LMOutput::from_value(runner.forward(std::move(x))).logits;
       at::Tensor last;
       if (ranks.writer()) last = logits.select(1, logits.size(1) - 1).contiguous();
       ranks.world->broadcast(last, 0);

@@ -36,6 +36,16 @@ struct DispatchOptions {
 /// the model (hf_device_map()). Tied parameters stay tied.
 Module& dispatch_model(Module& model, const DeviceMap& device_map, const DispatchOptions& options = {});
 
+/// Where `model` takes its inputs: the execution device of the first module
+/// that consumes them, however the model was placed (one device, a map with
+/// hooks, offload, a model left on meta). Walks the tree in registration
+/// order, which is call order for every architecture here: the first module
+/// with an execution device in its hook gives it, else the first parameter
+/// not on meta (a pipeline stage keeps the parts it does not run there);
+/// meta for a model wholly on meta, CPU for one without parameters.
+/// The batch runner (flex/datasets/batch_runner.h) sends inputs there.
+c10::Device input_device(Module& model);
+
 /// The device map dispatch_model recorded on `model`, if any.
 std::optional<DeviceMap> hf_device_map(const Module& model);
 
@@ -84,6 +94,7 @@ class CpuOffloadHook : public ModelHook {
   void init_hook(Module& module) override;
   Inputs pre_forward(Module& module, Inputs inputs) override;
   std::string name() const override { return "CpuOffload"; }
+  const c10::Device& execution_device() const { return execution_device_; }
   /// Times this hook's model was sent to the CPU (init and offload()).
   int offload_count() const { return offload_count_; }
   /// Times calling this model offloaded the previous one.

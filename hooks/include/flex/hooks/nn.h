@@ -33,7 +33,8 @@ class DenseLayer : public Module {
   int64_t in_features, out_features;
 
   virtual at::Tensor compute(const at::Tensor& x) const = 0;
-  Value forward(Inputs inputs) override { return compute(inputs.tensor(0)); }
+  /// compute() after check_input_device (a DeviceError, not libtorch's message, for a misplaced input).
+  Value forward(Inputs inputs) override;
 
   /// Null for a plain floating-point weight.
   const std::shared_ptr<const WeightFormat>& weight_format() const { return format_; }
@@ -76,6 +77,11 @@ class Conv1D : public DenseLayer {
   at::Tensor compute(const at::Tensor& x) const override;
   at::Tensor float_weight() const override;
 };
+
+/// Throws flex::DeviceError naming `module`'s class, both devices and what
+/// `input` is, when `input` is on another device than `weight` (one device
+/// comparison: the first module that consumes a misplaced tensor says so).
+void check_input_device(const Module& module, const at::Tensor& input, const at::Tensor& weight, const char* input_name);
 
 class Embedding : public Module {
  public:

@@ -41,6 +41,18 @@ class DeviceMapError : public Error {
   using Error::Error;
 };
 
+/// A tensor handed to a module on another device than the module's weights
+/// (an input the caller did not place). `module()` is the identity of the
+/// module at fault, so a caller that knows the module tree can name it.
+class DeviceError : public DeviceMapError {
+ public:
+  explicit DeviceError(const std::string& what, const void* module = nullptr) : DeviceMapError(what), module_(module) {}
+  const void* module() const { return module_; }
+
+ private:
+  const void* module_;
+};
+
 /// A bad configuration value or argument.
 class ConfigError : public Error {
  public:
