@@ -4,7 +4,12 @@
 #include <ATen/Context.h>
 #include <nlohmann/json.hpp>
 
-#include <dlfcn.h>
+#ifdef FLEX_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -199,90 +204,41 @@ double available_cpu_memory() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 
-namespace {
-
-// The CUDA driver API, looked up at run time so this builds without CUDA.
-struct CudaDriver {
-  using InitFn = int (*)(unsigned);
-  using CountFn = int (*)(int*);
-  using GetFn = int (*)(int*, int);
-  using RetainFn = int (*)(void**, int);
-  using ReleaseFn = int (*)(int);
-  using PushFn = int (*)(void*);
-  using PopFn = int (*)(void**);
-  using MemFn = int (*)(size_t*, size_t*);
-  InitFn init = nullptr;
-  CountFn count = nullptr;
-  GetFn get = nullptr;
-  RetainFn retain = nullptr;
-  ReleaseFn release = nullptr;
-  PushFn push = nullptr;
-  PopFn pop = nullptr;
-  MemFn mem = nullptr;
-  bool ok = false;
-
-  CudaDriver() {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return;
-    init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
-    count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
-    get = reinterpret_cast<GetFn>(dlsym(lib, "cuDeviceGet"));
-    retain = reinterpret_cast<RetainFn>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
-    release = reinterpret_cast<ReleaseFn>(dlsym(lib, "cuDevicePrimaryCtxRelease_v2"));
-    if (!release) release = reinterpret_cast<ReleaseFn>(dlsym(lib, "cuDevicePrimaryCtxRelease"));
-    push = reinterpret_cast<PushFn>(dlsym(lib, "cuCtxPushCurrent_v2"));
-    pop = reinterpret_cast<PopFn>(dlsym(lib, "cuCtxPopCurrent_v2"));
-    mem = reinterpret_cast<MemFn>(dlsym(lib, "cuMemGetInfo_v2"));
-    ok = init && count && get && retain && release && push && pop && mem && init(0) == 0;
-    // The library stays loaded for the life of the process (as libtorch's does).
-  }
-};
-
-const CudaDriver& cuda_driver() {
-  static const CudaDriver driver;
-  return driver;
-}
-
-}  // namespace
-
-std::vector<std::pair<int, double>> gpu_free_memory_from_driver() {
+std::vector<std::pair<int, double>> gpu_free_memory() {
   std::vector<std::pair<int, double>> out;
-  const CudaDriver& d = cuda_driver();
-  int n = 0;
-  if (!d.ok || d.count(&n) != 0) return out;
+#ifdef FLEX_TORCH_CUDA
+  // libtorch's own CUDA runtime, on the context libtorch uses (the first GPU
+  // run segfaulted in planning from Python while a second copy of the driver,
+  // loaded by hand, was queried beside PyTorch's).
+  if (!at::hasCUDA()) return out;
+  const int n = static_cast<int>(c10::cuda::device_count());
   for (int i = 0; i < n; ++i) {
-    int dev = 0;
-    void* ctx = nullptr;
-    if (d.get(&dev, i) != 0 || d.retain(&ctx, dev) != 0) {
+    c10::cuda::CUDAGuard on(static_cast<c10::DeviceIndex>(i));
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+      cudaGetLastError();  // clear it: the next device is asked afresh
       std::cerr << "flex warning: GPU " << i << " seems unavailable; skipping it\n";
       continue;
     }
-    size_t free_bytes = 0, total = 0;
-    int rc = d.push(ctx);
-    if (rc == 0) {
-      rc = d.mem(&free_bytes, &total);
-      void* popped = nullptr;
-      d.pop(&popped);
-    }
-    d.release(dev);
-    if (rc == 0) out.emplace_back(i, static_cast<double>(free_bytes));
+    out.emplace_back(i, static_cast<double>(free_bytes));
   }
-  return out;
+#endif
+  return out;  // a CPU build of libtorch has no GPU to plan for
 }
 
 int gpu_device_count() {
-  if (!at::hasCUDA()) return 0;
-  const CudaDriver& d = cuda_driver();
-  int n = 0;
-  if (!d.ok || d.count(&n) != 0) return 0;
-  return n;
+#ifdef FLEX_TORCH_CUDA
+  return at::hasCUDA() ? static_cast<int>(c10::cuda::device_count()) : 0;
+#else
+  return 0;
+#endif
 }
 
 MaxMemory get_max_memory(const std::optional<MaxMemory>& max_memory) {
   if (!max_memory) {
     MaxMemory out;
     if (at::hasCUDA())
-      for (const auto& [i, free_bytes] : gpu_free_memory_from_driver()) out.set(MapDevice(i), free_bytes);
+      for (const auto& [i, free_bytes] : gpu_free_memory()) out.set(MapDevice(i), free_bytes);
     out.set(MapDevice::cpu(), available_cpu_memory());
     return out;
   }

@@ -72,10 +72,9 @@ double available_cpu_memory();
 /// Number of GPUs libtorch can use here (0 in a CPU-only libtorch).
 int gpu_device_count();
 
-/// Free bytes of every GPU the CUDA driver reports, through the driver
-/// library loaded at run time (so the code builds without CUDA). Empty when
-/// there is no driver. Initialises each device's primary context, as
-/// Accelerate's 1-element tensor per GPU does.
-std::vector<std::pair<int, double>> gpu_free_memory_from_driver();
+/// Free bytes of every GPU libtorch sees (cudaMemGetInfo on each, through
+/// libtorch's CUDA runtime); empty in a CPU build or without a device.
+/// Initialises each device's context, as Accelerate's torch.cuda.mem_get_info does.
+std::vector<std::pair<int, double>> gpu_free_memory();
 
 }  // namespace flex
