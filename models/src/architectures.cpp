@@ -264,7 +264,7 @@ Architecture gemma3_text() {
   Arch d = *gemma2().decoder;
   d.prefix = "Gemma3";
   d.rope = Arch::Rope::ModelPerLayerType;
-  d.qk_norm = Arch::QKNorm::PerHead;
+  d.qk_norm = Arch::QKNorm::PerHeadTransposed;  // after the transpose, as Transformers 5.23
   d.scaled_embedding_class = "Gemma3TextScaledWordEmbedding";
   Architecture a = decoder_entry("gemma3_text", d);
   a.defaults.max_position_embeddings = 131072;
@@ -357,6 +357,7 @@ Architecture gpt_oss() {
   d.norm_scale = RMSNorm::Scale::WeightThenCast;
   d.moe = Arch::Moe::GptOss;
   d.attention_sinks = true;
+  d.half_rotary_tables = true;
   d.multiply_scale = true;
   Architecture a = decoder_entry("gpt_oss", d);
   a.defaults.max_position_embeddings = 131072;

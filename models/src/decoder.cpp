@@ -43,7 +43,9 @@ std::shared_ptr<RotaryEmbedding> rotary(const Arch& arch, const ModelConfig& cfg
   const std::string cls = arch.prefix == "Phi3" && cfg.rope_scaling.rope_type == "longrope"
                               ? "Phi3LongRoPEScaledRotaryEmbedding"
                               : arch.cls("RotaryEmbedding");
-  return std::make_shared<RotaryEmbedding>(cls, cfg, cfg.head_dim);
+  auto r = std::make_shared<RotaryEmbedding>(cls, cfg, cfg.head_dim);
+  r->half_tables = arch.half_rotary_tables;
+  return r;
 }
 
 std::shared_ptr<Linear> linear(int64_t in, int64_t out, bool bias, const at::TensorOptions& opts) {
@@ -114,7 +116,9 @@ at::Tensor DecoderAttention::project(const std::shared_ptr<Linear>& proj, const 
   if (norm && arch_.qk_norm == Arch::QKNorm::Projection) y = (*norm)(y);
   y = y.view({x.size(0), x.size(1), n_heads, cfg_.head_dim});
   if (norm && arch_.qk_norm == Arch::QKNorm::PerHead) y = (*norm)(y);
-  return y.transpose(1, 2);
+  y = y.transpose(1, 2);
+  if (norm && arch_.qk_norm == Arch::QKNorm::PerHeadTransposed) y = (*norm)(y);
+  return y;
 }
 
 Value DecoderAttention::forward(Inputs inputs) {
@@ -296,9 +300,7 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
     embed_tokens = add("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
   else
     embed_tokens = add("embed_tokens", std::make_shared<ScaledEmbedding>(arch.scaled_embedding_class, cfg.vocab_size,
-                                                                         cfg.hidden_size,
-                                                                         std::sqrt(static_cast<double>(cfg.hidden_size)),
-                                                                         opts));
+                                                                         cfg.hidden_size, embedding_scale(), opts));
   if (arch.residual_dropouts)
     embed_dropout = add("embed_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "embd_pdrop", 0.0)));
   layers = add("layers", std::make_shared<ModuleList>());
@@ -320,17 +322,29 @@ bool DecoderModel::scales_after_lookup() const {
   return arch_.scale_embeddings && arch_.scaled_embedding_class.empty();
 }
 
+double DecoderModel::embedding_scale() const {
+  return arch_.scale_embeddings || scales_inside_embedding() ? std::sqrt(static_cast<double>(cfg_.hidden_size)) : 0.0;
+}
+
 at::Tensor DecoderModel::scale_embeddings(const at::Tensor& rows) const {
-  if (!arch_.scale_embeddings && arch_.scaled_embedding_class.empty()) return rows;
+  if (!scales_after_lookup()) return rows;
   // Gemma: the scale is a tensor of the hidden dtype (sqrt(3072) rounds in bf16).
-  return rows * at::scalar_tensor(std::sqrt(static_cast<double>(cfg_.hidden_size)), rows.options());
+  return rows * at::scalar_tensor(embedding_scale(), rows.options());
 }
 
 std::vector<Value> DecoderModel::position_embeddings(const at::Tensor& hidden, const at::Tensor& position_ids,
                                                      bool run_hooks) {
   if (!rotary_emb) return {Value()};
   auto call = [&](Inputs in) { return run_hooks ? (*rotary_emb)(std::move(in)) : rotary_emb->forward(std::move(in)); };
-  if (arch_.rope != Arch::Rope::ModelPerLayerType) return {call(Inputs{hidden, position_ids})};
+  if (arch_.rope != Arch::Rope::ModelPerLayerType) {
+    Value cs = call(Inputs{hidden, position_ids});
+    if (arch_.half_rotary_tables) {  // back to [cos, cos] for apply_rotary
+      const auto& el = cs.toTupleRef().elements();
+      cs = c10::ivalue::Tuple::create({at::cat({el[0].toTensor(), el[0].toTensor()}, -1),
+                                       at::cat({el[1].toTensor(), el[1].toTensor()}, -1)});
+    }
+    return {cs};
+  }
   // One call per layer type present, full before sliding (Transformers
   // iterates a set of the type names, so its order is not fixed).
   const auto& by_type = static_cast<const LayerTypeRotaryEmbedding&>(*rotary_emb);

@@ -66,8 +66,11 @@ SparseMoeBlock::SparseMoeBlock(const DecoderArch& arch, const ModelConfig& cfg, 
 at::Tensor SparseMoeBlock::choose(const at::Tensor& scores) const {
   using R = DecoderArch::Routing;
   const int64_t n = scores.size(0), groups = cfg_.n_group, per_group = num_experts_ / groups;
+  // DeepSeek's routers take the top k unsorted (Transformers' topk(sorted=False)):
+  // the slot order decides the order of each expert's rows, which hooks see.
+  const bool sorted = routing_ == R::Softmax;
   if (routing_ == R::Softmax || (routing_ == R::DeepseekV2 && !cfg_.group_limited))
-    return std::get<1>(at::topk(scores, top_k_, -1));
+    return std::get<1>(at::topk(scores, top_k_, -1, /*largest=*/true, sorted));
   at::Tensor choice = scores;
   if (routing_ == R::DeepseekV3) {
     const auto& router = static_cast<const TopkRouter&>(*gate);
@@ -83,7 +86,7 @@ at::Tensor SparseMoeBlock::choose(const at::Tensor& scores) const {
                               .expand({n, groups, per_group}).reshape({n, num_experts_});
   choice = routing_ == R::DeepseekV3 ? choice.masked_fill(kept.logical_not(), -std::numeric_limits<double>::infinity())
                                      : choice.masked_fill(kept.logical_not(), 0.0);
-  return std::get<1>(at::topk(choice, top_k_, -1));
+  return std::get<1>(at::topk(choice, top_k_, -1, /*largest=*/true, sorted));
 }
 
 Value SparseMoeBlock::forward(Inputs inputs) {
@@ -124,7 +127,11 @@ Value SparseMoeBlock::forward(Inputs inputs) {
                                    out.index_add_(0, token, y.to(x.scalar_type()));
                                  });
   if (shared_expert) {
-    at::Tensor shared = first_tensor((*shared_expert)(Inputs{flat}), shared_expert->class_name());
+    // Transformers calls DeepSeek's shared_experts on the block's input as it
+    // came ([B, T, C]) and Qwen2-MoE's shared_expert on the flattened rows:
+    // each hook sees its own model's shape.
+    const at::Tensor& in = routing_ == R::Softmax ? flat : x;
+    at::Tensor shared = first_tensor((*shared_expert)(Inputs{in}), shared_expert->class_name()).reshape({n, c});
     if (shared_expert_gate) shared = at::sigmoid((*shared_expert_gate)(flat)) * shared;
     out = out + shared;
   }

@@ -80,6 +80,9 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
       EmptyInit scope;
       VocabParallelEmbedding::Options o;
       o.tensor_options = topts;
+      // Gemma 3 scales inside embed_tokens: so does the module standing in for it.
+      if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(base_module_); decoder && decoder->scales_inside_embedding())
+        o.scale = decoder->embedding_scale();
       embedding_ = std::make_shared<VocabParallelEmbedding>(cfg.vocab_size, cfg.hidden_size, mesh_.tp_group(), o);
     }
     base_module_->replace_module(names.embed, embedding_);

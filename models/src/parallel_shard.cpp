@@ -275,10 +275,11 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
   declare(*attn->o_proj, row(split(1, d), d));
   row_parallel(*attn->o_proj);
   if (attn->rotary_emb) layout_->set_batchless(*attn->rotary_emb);
-  if (arch.qk_norm == DecoderArch::QKNorm::PerHead) {
-    // Over head_dim: replicated weights, outputs [B, T, heads, D] split by head.
-    declare(*attn->q_norm, output_only(split(2)));
-    declare(*attn->k_norm, output_only(kv_heads_spec(cfg, 2, 1)));
+  if (arch.qk_norm == DecoderArch::QKNorm::PerHead || arch.qk_norm == DecoderArch::QKNorm::PerHeadTransposed) {
+    // Over head_dim: replicated weights, outputs [B, T, heads, D] (or [B, heads, T, D]) split by head.
+    const int64_t heads_dim = arch.qk_norm == DecoderArch::QKNorm::PerHead ? 2 : 1;
+    declare(*attn->q_norm, output_only(split(heads_dim)));
+    declare(*attn->k_norm, output_only(kv_heads_spec(cfg, heads_dim, 1)));
   } else if (arch.qk_norm == DecoderArch::QKNorm::Projection) {
     // Over the whole projection: the mean of squares is summed over the ranks.
     attn->q_norm = attn->replace_module("q_norm", tp_rms_norm(attn->q_norm, split(-1, d), cfg.num_attention_heads * d));

@@ -200,6 +200,10 @@ Value RotaryEmbedding::forward(Inputs inputs) {
     pos = inputs.tensor_or("position_ids");
   if (!pos.defined()) throw NotFoundError(class_name() + " needs position_ids (argument 1 or keyword)");
   auto cs = compute(x, pos);
+  if (half_tables) {  // the tables hold [f, f]: the first half is each frequency once
+    const int64_t half = cs.first.size(-1) / 2;
+    return c10::ivalue::Tuple::create({cs.first.narrow(-1, 0, half), cs.second.narrow(-1, 0, half)});
+  }
   return c10::ivalue::Tuple::create({cs.first, cs.second});
 }
 

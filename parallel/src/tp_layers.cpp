@@ -216,7 +216,9 @@ at::Tensor VocabParallelEmbedding::compute_local(const at::Tensor& ids) const {
 }
 
 Value VocabParallelEmbedding::forward(Inputs inputs) {
-  return reduce_from_tp_region(compute_local(inputs.tensor(0)), tp_);
+  at::Tensor rows = reduce_from_tp_region(compute_local(inputs.tensor(0)), tp_);
+  if (options.scale != 0) rows = rows * at::scalar_tensor(options.scale, at::kFloat).to(weight.scalar_type());
+  return rows;
 }
 
 ModuleSharding VocabParallelEmbedding::sharding() const {

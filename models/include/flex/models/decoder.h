@@ -54,9 +54,11 @@ struct DecoderArch {
   enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer, PerLayerTables, ModelPerLayerType };
   Rope rope = Rope::ModelWithIdleLayerCopies;
 
-  /// q/k RMSNorms: over the whole projection before the head split (OLMo 2)
-  /// or per head over head_dim (Qwen3).
-  enum class QKNorm { None, Projection, PerHead };
+  /// q/k RMSNorms: over the whole projection before the head split (OLMo 2),
+  /// per head over head_dim on [B, T, heads, D] before the transpose (Qwen3),
+  /// or per head on [B, heads, T, D] after it (Gemma 3): the values are the
+  /// same, the layout a hook sees is Transformers'.
+  enum class QKNorm { None, Projection, PerHead, PerHeadTransposed };
   QKNorm qk_norm = QKNorm::None;
 
   /// Where the block's norms sit:
@@ -95,6 +97,10 @@ struct DecoderArch {
   /// Learned attention sinks: self_attn.sinks [heads], one extra logit per
   /// head in every softmax row (gpt-oss).
   bool attention_sinks = false;
+  /// The model's rotary_emb returns cos/sin over half of head_dim, each
+  /// frequency once (gpt-oss, whose rotation pairs the two halves); the
+  /// attention uses them widened to the usual [cos, cos] layout.
+  bool half_rotary_tables = false;
 
   /// DeepSeek's sparse blocks (SparseMoeBlock, moe.h). How the experts are
   /// chosen and weighted: softmax top-k (Mixtral, Qwen), DeepSeek-V2 (softmax,
@@ -210,12 +216,17 @@ class DecoderModel : public Module {
   /// The embedding stage: the lookup, times sqrt(hidden) where the
   /// architecture scales it (after the lookup, or inside embed_tokens).
   at::Tensor embed(const at::Tensor& input_ids);
-  /// Rows of a plain lookup scaled as the architecture says (Gemma's
-  /// sqrt(hidden), in the rows' dtype); the pipeline's stage 0, whose
-  /// vocab-parallel embedding replaces embed_tokens, runs it too.
+  /// The factor embeddings are scaled by (Gemma's sqrt(hidden)); 0 where they are not.
+  double embedding_scale() const;
+  /// Rows of a plain lookup times embedding_scale() where the architecture
+  /// scales after embed_tokens (Gemma 1/2), in the rows' dtype; the
+  /// pipeline's stage 0, whose vocab-parallel embedding replaces
+  /// embed_tokens, runs it too. Unchanged rows elsewhere.
   at::Tensor scale_embeddings(const at::Tensor& rows) const;
   /// True where the scaling follows embed_tokens (Gemma 1/2): its output is the unscaled lookup.
   bool scales_after_lookup() const;
+  /// True where embed_tokens scales its own rows (Gemma 3): a hook on it sees them scaled.
+  bool scales_inside_embedding() const { return !arch_.scaled_embedding_class.empty(); }
   /// (cos, sin) for every layer (one entry when all layers share it; an
   /// undefined Value where the layers compute RoPE themselves). `run_hooks`
   /// false: later pipeline stages recompute what stage 0's hooked call gave.

@@ -53,6 +53,8 @@ class RotaryEmbedding : public Module, public ComputedBuffers {
 
   at::Tensor inv_freq;
   int64_t dim;
+  /// forward returns each frequency once ([..., dim / 2]), as gpt-oss's module does.
+  bool half_tables = false;
 
  private:
   ModelConfig cfg_;

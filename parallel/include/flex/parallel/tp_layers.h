@@ -133,6 +133,9 @@ class VocabParallelEmbedding : public ShardedModule {
   struct Options {
     std::string class_name = "VocabParallelEmbedding";
     at::TensorOptions tensor_options = {};
+    /// Rows times this factor (rounded to float32, then to the weight's dtype)
+    /// inside the module, as a scaled word embedding does (Gemma 3); 0: none.
+    double scale = 0;
   };
   VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, std::shared_ptr<Communicator> tp,
                          Options options);
