@@ -60,16 +60,8 @@ TEST_P(Golden5OnGpu, Float32LogitsAndBlocksMatchTransformers5) {
   auto gt = SafetensorsFile::open(golden5(c.name + ".golden.safetensors"));
   auto model = gpu_test::load_on_device(golden5(c.name));
   EXPECT_TRUE(gpu_test::all_on(*model, gpu_test::device())) << c.name;
-  // A multimodal checkpoint loads as its language model, whose names the manifest maps.
-  const bool renamed = info.contains("causal_lm_names");
-  auto ours = [&](const std::string& n) { return renamed ? info["causal_lm_names"][n].get<std::string>() : n; };
 
-  std::vector<std::string> names;
-  for (const char* group : {"captured", "captured_submodules", "routers"})
-    if (info.contains(group))
-      for (const auto& n : info[group]) names.push_back(n);
-  std::map<std::string, std::string> hooked;
-  for (const auto& n : names) hooked[n] = ours(n);
+  const std::map<std::string, std::string> hooked = models_test::zoo3_hooked(info);
   std::map<std::string, at::Tensor> outputs;
   const auto handles = models_test::record_outputs(*model, hooked, outputs);
   const at::Tensor mask = gt->get("attention_mask");
@@ -78,7 +70,7 @@ TEST_P(Golden5OnGpu, Float32LogitsAndBlocksMatchTransformers5) {
   EXPECT_EQ(logits.device(), gpu_test::device()) << c.name;
   EXPECT_TRUE(close(kept(logits.cpu(), mask), kept(gt->get("logits"), mask), c.name + " logits on the GPU"));
   const int64_t b = mask.size(0), t = mask.size(1);
-  for (const auto& n : names) {
+  for (const auto& [n, ours] : hooked) {
     ASSERT_TRUE(outputs.count(n)) << n << " was not called";
     at::Tensor got = outputs[n].cpu();
     if (got.dim() == 2) got = got.reshape({b, t, -1});  // router logits [B*T, E]

@@ -51,6 +51,20 @@ inline at::Tensor kept(const at::Tensor& t, const at::Tensor& mask) {
   return t.reshape({t.size(0) * t.size(1), -1}).index_select(0, rows);
 }
 
+/// A zoo3 manifest case's captured modules ("captured", "captured_submodules",
+/// "routers"), each mapped to the name it has in flexmodel (a multimodal
+/// checkpoint loads as its language model: "causal_lm_names" maps them).
+inline std::map<std::string, std::string> zoo3_hooked(const nlohmann::json& info) {
+  const bool renamed = info.contains("causal_lm_names");
+  std::map<std::string, std::string> hooked;
+  for (const char* group : {"captured", "captured_submodules", "routers"})
+    if (info.contains(group))
+      for (const auto& n : info[group])
+        hooked[n.get<std::string>()] = renamed ? info["causal_lm_names"][n.get<std::string>()].get<std::string>()
+                                               : n.get<std::string>();
+  return hooked;
+}
+
 inline at::Tensor golden_inputs() {
   return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids").clone();
 }

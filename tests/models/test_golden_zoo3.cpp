@@ -39,19 +39,14 @@ TEST_P(GoldenZoo3, EveryModuleMatchesTransformers5) {
     EXPECT_EQ(model->class_name(), info["class"].get<std::string>());
   }
 
-  std::vector<std::string> names;
-  for (const char* group : {"captured", "captured_submodules", "routers"})
-    if (info.contains(group))
-      for (const auto& n : info[group]) names.push_back(n);
-  std::map<std::string, std::string> hooked;
-  for (const auto& n : names) hooked[n] = ours(n);
+  const std::map<std::string, std::string> hooked = models_test::zoo3_hooked(info);
   std::map<std::string, at::Tensor> outputs;
   const auto handles = models_test::record_outputs(*model, hooked, outputs);
   const at::Tensor mask = gt->get("attention_mask");
   const at::Tensor logits = models_test::masked_logits(*model, gt->get("input_ids"), mask);
   EXPECT_TRUE(close(kept(logits, mask), kept(gt->get("logits"), mask), name + " logits"));
   const int64_t b = mask.size(0), t = mask.size(1);
-  for (const auto& n : names) {
+  for (const auto& [n, ours_n] : hooked) {
     ASSERT_TRUE(outputs.count(n)) << n << " was not called";
     at::Tensor got = outputs[n];
     if (got.dim() == 2) got = got.reshape({b, t, -1});  // router logits [B*T, E]
