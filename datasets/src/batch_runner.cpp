@@ -15,6 +15,14 @@ namespace {
 
 at::Tensor placed(const at::Tensor& t, const c10::Device& d) { return t.defined() && t.device() != d ? t.to(d) : t; }
 
+// Rows [first, first + n) of a batch, unplaced.
+LMInputs rows_of(const TokenBatch& batch, int64_t first, int64_t n) {
+  LMInputs in;
+  in.input_ids = batch.input_ids.narrow(0, first, n);
+  if (batch.attention_mask.defined()) in.attention_mask = batch.attention_mask.narrow(0, first, n);
+  return in;
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -59,10 +67,7 @@ int64_t BatchRunner::batch_size(const TokenBatch& batch) {
   at::NoGradGuard no_grad;
   resolved_ = find_executable_batch_size(
       [&](int64_t b) {
-        LMInputs in;
-        in.input_ids = batch.input_ids.narrow(0, 0, b);
-        if (batch.attention_mask.defined()) in.attention_mask = batch.attention_mask.narrow(0, 0, b);
-        forward(std::move(in));
+        forward(rows_of(batch, 0, b));
         fm_.clear();
         return b;
       },
@@ -86,9 +91,7 @@ void BatchRunner::run(const TokenBatch& batch, int64_t first_forward,
     s.first_row = f * bs;
     s.rows = std::min(bs, rows - s.first_row);
     s.columns = batch.input_ids.size(1);
-    s.inputs.input_ids = batch.input_ids.narrow(0, s.first_row, s.rows);
-    if (batch.attention_mask.defined()) s.inputs.attention_mask = batch.attention_mask.narrow(0, s.first_row, s.rows);
-    s.inputs = place(std::move(s.inputs));
+    s.inputs = place(rows_of(batch, s.first_row, s.rows));
     Value out = fm_.forward(s.inputs.to_inputs());
     each(s, out);
   }

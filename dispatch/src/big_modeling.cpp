@@ -161,18 +161,27 @@ Module& dispatch_model(Module& model, const DeviceMap& device_map, const Dispatc
   return model;
 }
 
+namespace {
+// Pre-order, stopping at the first answer: the embedding is met after a
+// module or two, so a forward pays a few pointer tests, not a walk of the tree.
+std::optional<c10::Device> first_execution_device(Module& m, bool& meta) {
+  if (auto h = find_hook<AlignDevicesHook>(m.model_hook()); h && h->options().execution_device)
+    return *h->options().execution_device;
+  if (auto h = find_hook<CpuOffloadHook>(m.model_hook())) return h->execution_device();
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    // A pipeline stage holds only its part: what it does not run stays on meta.
+    if (!p.value().is_meta()) return p.value().device();
+    meta = true;
+  }
+  for (auto& [name, child] : m.named_flex_children())
+    if (auto d = first_execution_device(*child, meta)) return d;
+  return std::nullopt;
+}
+}  // namespace
+
 c10::Device input_device(Module& model) {
   bool meta = false;
-  for (auto& [name, m] : model.named_flex_modules()) {
-    if (auto h = find_hook<AlignDevicesHook>(m->model_hook()); h && h->options().execution_device)
-      return *h->options().execution_device;
-    if (auto h = find_hook<CpuOffloadHook>(m->model_hook())) return h->execution_device();
-    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
-      // A pipeline stage holds only its part: what it does not run stays on meta.
-      if (!p.value().is_meta()) return p.value().device();
-      meta = true;
-    }
-  }
+  if (auto d = first_execution_device(model, meta)) return *d;
   return meta ? c10::Device(at::kMeta) : c10::Device(at::kCPU);
 }
 
