@@ -72,8 +72,8 @@ fi
 # reference they compare with. Pinned, with torch pinned in the same command so
 # nothing upgrades it.
 if ((tests)); then
-  py_want="pytest==9.0.3 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3"
-  if ! "$python" -c "import pytest, transformers, safetensors, tokenizers, sys; sys.exit((pytest.__version__, transformers.__version__, safetensors.__version__, tokenizers.__version__) != ('9.0.3', '5.23.0', '0.8.0', '0.23.3'))" 2>/dev/null; then
+  py_want="pytest==9.0.3 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3 nnsight==0.8.1"
+  if ! "$python" -c "import pytest, transformers, safetensors, tokenizers, nnsight, sys; sys.exit((pytest.__version__, transformers.__version__, safetensors.__version__, tokenizers.__version__, nnsight.__version__) != ('9.0.3', '5.23.0', '0.8.0', '0.23.3', '0.8.1'))" 2>/dev/null; then
     echo "flexmodel: installing $py_want (Python tests)" >&2
     # shellcheck disable=SC2086
     pip_install $py_want "torch==$torch_version"

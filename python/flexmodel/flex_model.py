@@ -34,16 +34,20 @@ class HookFunction:
         shape, or a built-in edit from :mod:`flexmodel.edits`.
     unpack_idx: which tensor of a tuple output (depth first) is the activation.
     save: capture into the FlexModel's output_ptr; save_after_edit: capture the edited value.
+    shard_dim: (torch engine under torch.distributed only) the dim along which the module's output is
+        split over the tensor-parallel ranks; without it, the one dim in which the local activation
+        differs from ``expected_shape`` (as Vector Institute's FlexModel infers it), else none.
     """
 
     def __init__(self, module_name, expected_shape=None, editing_function=None, unpack_idx=0, save=True,
-                 save_after_edit=False):
+                 save_after_edit=False, shard_dim=None):
         self.module_name = module_name
         self.expected_shape = None if expected_shape is None else tuple(expected_shape)
         self.editing_function = editing_function
         self.unpack_idx = unpack_idx
         self.save = save
         self.save_after_edit = save_after_edit
+        self.shard_dim = shard_dim
         self._cpp = None      # the engine's HookFunction once registered
         self._handle = None
 
@@ -75,13 +79,25 @@ def _engine_edit(fm, fn, what):
 class FlexModel:
     """Wraps a flexmodel model: hooks by module name, captures into ``output_ptr``.
 
-    module: a model from :func:`flexmodel.from_pretrained` (or a flexmodel.Module).
+    module: a model from :func:`flexmodel.from_pretrained` (or a flexmodel.Module), run by flexmodel's
+        engine (``fm.engine == "flexmodel"``); or any ``torch.nn.Module``, run by PyTorch with the same
+        API on its module hooks (``fm.engine == "torch"``, :mod:`flexmodel.torch_engine`).
     output_ptr: a dict; after each forward it maps every capturing hook's key (the module
         name; ``name#input`` for pre-hooks, ``name#grad_input`` / ``#grad_output`` / ``#grad``
         for gradient hooks) to a CPU tensor, or a list of tensors when the module ran
         several times in that forward. Entries of the previous forward are dropped when the next
         one starts (keep a reference to a tensor to keep it).
     """
+
+    engine = "flexmodel"
+    _tracer = None       # the open trace (flexmodel.tracing), if any
+    _tree = None         # module path -> its children's names, for tracing's attribute access
+
+    def __new__(cls, module=None, *args, **kwargs):
+        if cls is FlexModel and isinstance(module, torch.nn.Module):
+            from .torch_engine import TorchFlexModel
+            return object.__new__(TorchFlexModel)
+        return object.__new__(cls)
 
     def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
         if not isinstance(output_ptr, dict):
@@ -166,6 +182,9 @@ class FlexModel:
             raise ConfigError(f"expected a flexmodel.HookFunction, got {type(hook).__name__}")
         if hook._cpp is not None:
             raise ConfigError(f"{hook!r} is already registered")
+        if hook.shard_dim is not None:
+            raise ConfigError(f"{hook!r}: shard_dim is for a torch.nn.Module under torch.distributed; flexmodel's "
+                              "engine knows how its own models are sharded")
         fn = _engine_edit(self, hook.editing_function, f"HookFunction({hook.module_name!r})")
         cpp, handle = self._engine.register(hook.module_name, hook_type, hook.expected_shape, fn, hook.unpack_idx,
                                             hook.save, hook.save_after_edit)
@@ -282,3 +301,56 @@ class FlexModel:
             h._cpp = h._handle = None
         self._hooks.clear()
         return self.module
+
+    def _unregister(self, hook):
+        if hook._cpp is None:
+            return
+        self._hooks.pop(hook._cpp.key, None)
+        hook._handle.remove()
+        hook._cpp = hook._handle = None
+
+    def _generate_for_trace(self, input_ids, attention_mask=None, **kwargs):
+        if not hasattr(self.module, "generate"):
+            raise UnsupportedError("tracing generate needs a causal LM from flexmodel.from_pretrained")
+        return self.module.generate(input_ids, attention_mask, **kwargs)
+
+    # --- nnsight-style tracing (flexmodel.tracing) ------------------------------------
+    def trace(self, *args, **kwargs):
+        """``with fm.trace(input_ids) as tracer:``: records what the body does to module proxies
+        (``fm.transformer.h[0].output``), then runs ``fm(*args, **kwargs)`` once on exit."""
+        from .tracing import Tracer
+        return Tracer(self, args, kwargs)
+
+    def generate(self, *args, **kwargs):
+        """``with fm.generate(input_ids, max_new_tokens=n) as tracer:``: tracing over generation; the recorded
+        operations apply at every step, saved proxies become per-step lists, ``tracer.output`` the sequences."""
+        from .tracing import Tracer
+        return Tracer(self, args, kwargs, generate=True)
+
+    @property
+    def envoy(self):
+        """The wrapped model's root module for tracing (``fm.envoy.output``); attribute access on the FlexModel
+        itself (``fm.model.layers[3]``) reaches the same tree where no FlexModel attribute has the name."""
+        from .tracing import Envoy
+        return Envoy(self, "")
+
+    def _module_tree(self):
+        if self._tree is None:
+            tree = {}
+            for name in self.wrapped_module_names:
+                if name:
+                    parent, _, child = name.rpartition(".")
+                    tree.setdefault(parent, []).append(child)
+            self._tree = tree
+        return self._tree
+
+    def _active_tracer(self, what):
+        if self._tracer is None:
+            raise ConfigError(f"{what} is only available inside `with fm.trace(...)` (or fm.generate(...))")
+        return self._tracer
+
+    def __getattr__(self, name):
+        # Only reached when no attribute has the name: the wrapped model's child modules, .output, .input.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.envoy, name)
