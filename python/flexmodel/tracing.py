@@ -411,5 +411,7 @@ class Tracer:
                     hit, new = value_of(x)
                     if hit:
                         v[i] = new
-        if changed and frame.f_code.co_flags & 0x2 and local is not frame.f_globals:  # CO_NEWLOCALS: a function
+        # In a function (CO_NEWLOCALS) before Python 3.13 f_locals is a snapshot: write it back to the frame
+        # (3.13's f_locals writes through, PEP 667).
+        if changed and frame.f_code.co_flags & 0x2 and local is not frame.f_globals and sys.version_info < (3, 13):
             ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
