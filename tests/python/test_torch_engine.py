@@ -332,3 +332,32 @@ def test_transformers_model_wrapped_as_a_torch_module():
     assert_close(got.logits, ref.logits, 0, "logits")
     assert_close(out["transformer.h.0"], ref.hidden_states[1], 0, "transformer.h.0 vs hidden_states[1]")
     assert out["transformer.h.1.attn"].shape == (2, 7, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)")
+def test_a_cuda_module_gives_cpu_captures_and_edits_on_the_device(images):
+    torch.manual_seed(0)
+    vit = TinyViT().eval().cuda()
+    x = images.cuda()
+    ref = {}
+    h = vit.blocks[0].mlp.register_forward_hook(lambda m, a, o: ref.update(mlp=o.detach().cpu()))
+    with torch.no_grad():
+        vit(x)
+    h.remove()
+    out = {}
+    fm = flexmodel.FlexModel(vit, out)
+    seen = {}
+    fm.register_forward_hook(flexmodel.HookFunction("blocks.0.mlp"))
+    fm.register_forward_hook(flexmodel.HookFunction("blocks.1", save=False, editing_function=lambda m, t, c, mods:
+                                                    (seen.update(device=t.device.type), t * 0.0)[1]))
+    with torch.no_grad():
+        logits = fm(x)
+    assert out["blocks.0.mlp"].device.type == "cpu" and seen["device"] == "cuda"
+    assert_close(out["blocks.0.mlp"], ref["mlp"], 0, "capture of a CUDA module")
+    fm.restore()
+    h = vit.blocks[1].register_forward_hook(lambda m, a, o: o * 0.0)
+    with torch.no_grad():
+        want = vit(x)
+    h.remove()
+    assert_close(logits.cpu(), want.cpu(), 1e-6, "logits with blocks.1 zeroed on the device")
