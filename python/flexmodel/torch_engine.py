@@ -231,11 +231,9 @@ class TorchFlexModel(FlexModel):
             inside = bool(e.groups.intersection(groups))
             e.enabled = not inside if complement else inside
         self._drop_previous()
-        try:
-            out = self.module(*args, **kwargs)
-        finally:
-            for e in self._entries:
-                e.enabled = True
+        # As flexmodel's engine: the choice stays until the next forward (the module called directly, or a
+        # backward, runs the hooks this forward ran).
+        out = self.module(*args, **kwargs)
         self._store(self.take_captures())
         return out
 

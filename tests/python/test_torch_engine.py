@@ -231,6 +231,9 @@ def test_groups_and_complement(vit, images):
     with torch.no_grad():
         fm(images, groups="mlps")
     assert "head" not in out and "blocks.0.mlp" in out
+    with torch.no_grad():
+        vit(images)  # called directly: the hooks of the last forward's groups run (as in flexmodel's engine)
+    assert sorted(fm.take_captures()) == sorted(out)
     with pytest.raises(flexmodel.ConfigError):
         fm.remove_hook_groups(head, "all")
 
