@@ -214,3 +214,32 @@ def test_generate_applies_edits_every_step_and_saves_each_step(engine, tmp_path)
     for i, (g, w) in enumerate(zip(hs, seen)):
         # flexmodel's engine may run the cached steps on the new token only, as Transformers does
         assert_close(g, w, 0 if engine == "torch" else 1e-5, f"step {i}")
+
+
+@needs_nnsight
+@pytest.mark.parametrize("engine", ["torch", "flexmodel"])
+def test_generate_per_step_values_equal_nnsight(engine, tmp_path):
+    import pathlib
+    from nnsight import LanguageModel
+    tokenizers = pathlib.Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2"
+    tok = transformers.GPT2TokenizerFast(vocab_file=str(tokenizers / "vocab.json"),
+                                         merges_file=str(tokenizers / "merges.txt"))
+    fm, hf = fm_for(engine, gpt2, tmp_path)
+    lm = LanguageModel(copy.deepcopy(hf), tokenizer=tok)   # a local tokenizer: nothing is downloaded
+    prompt = IDS[:1]
+    steer = torch.linspace(-2, 2, 32)
+    want = []
+    with torch.no_grad():
+        with lm.generate({"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}, max_new_tokens=4,
+                         do_sample=False, pad_token_id=0) as tracer:
+            hs = list().save()
+            for _ in tracer.iter[:]:
+                lm.transformer.h[1].output = lm.transformer.h[1].output + steer
+                hs.append(lm.transformer.h[1].output)
+        want.extend(hs)
+        with fm.generate(prompt, max_new_tokens=4, do_sample=False) as tracer:
+            fm.transformer.h[1].output = fm.transformer.h[1].output + steer
+            got = fm.transformer.h[1].output.save()
+    assert len(want) == 4 and len(got) == 4, (len(want), len(got))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, 0 if engine == "torch" else 1e-5, f"{engine} step {i}")

@@ -2,8 +2,8 @@
 gathers give rank 0 the captures of one process, and edits of the whole activation reach every rank's
 piece; compared with the same module run whole in this process with plain PyTorch hooks.
 
-Run by CTest as ``mpirun -np 2 python -m pytest parallel_torch`` (tests/python/CMakeLists.txt); every
-rank runs every test, so the collectives line up.
+Run by CTest as ``mpirun -np 2 python -m pytest parallel_torch`` and, for the tp=2 x dp=2 mesh, with
+``-np 4`` (tests/python/CMakeLists.txt); every rank runs every test, so the collectives line up.
 """
 import copy
 import os
@@ -17,7 +17,9 @@ from conftest import assert_close
 from tiny_modules import TinyViT
 
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-pytestmark = pytest.mark.skipif(WORLD != 2, reason="runs under mpirun -np 2 (CTest python_mpirun_torch_engine)")
+pytestmark = pytest.mark.skipif(WORLD not in (2, 4), reason="runs under mpirun -np 2 or 4 (CTest "
+                                "python_mpirun_torch_engine_np2 / _np4)")
+two_ranks = pytest.mark.skipif(WORLD != 2, reason="a 2-rank test")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,8 +33,9 @@ def gloo():
     dist.destroy_process_group()
 
 
-def test_world_is_two_ranks(gloo):
-    assert gloo.get_world_size() == 2
+def test_world_is_the_job(gloo):
+    # A launch that failed to start MPI would give N independent one-rank jobs: fail, don't skip.
+    assert gloo.get_world_size() == WORLD
 
 
 def same_on_every_rank(dist, t, what):
@@ -63,6 +66,7 @@ def plain(module, x, edits):
     return out, got
 
 
+@two_ranks
 def test_data_parallel_gather_equals_one_process(gloo):
     dist = gloo
     rank = dist.get_rank()
@@ -108,8 +112,9 @@ class ParallelMLP(nn.Module):
     """fc1 column-parallel (its output split along the last dim over the ranks), fc2 row-parallel
     (partial products summed over the ranks): the whole MLP's output on every rank."""
 
-    def __init__(self, whole, rank, world):
+    def __init__(self, whole, rank, world, group=None):
         super().__init__()
+        self.group = group
         h = whole.fc1.out_features // world
         rows = slice(rank * h, (rank + 1) * h)
         self.fc1 = nn.Linear(whole.fc1.in_features, h)
@@ -124,7 +129,7 @@ class ParallelMLP(nn.Module):
     def forward(self, x):
         import torch.distributed as dist
         y = self.fc2(self.act(self.fc1(x)))
-        dist.all_reduce(y)
+        dist.all_reduce(y, group=self.group)
         return y + self.bias
 
 
@@ -137,6 +142,7 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+@two_ranks
 def test_tensor_parallel_gather_equals_one_process(gloo):
     dist = gloo
     rank = dist.get_rank()
@@ -170,6 +176,7 @@ def test_tensor_parallel_gather_equals_one_process(gloo):
     fm.restore()
 
 
+@two_ranks
 def test_trainable_module_starts_from_rank_0(gloo):
     dist = gloo
     torch.manual_seed(dist.get_rank())           # a different probe on every rank ...
@@ -181,3 +188,41 @@ def test_trainable_module_starts_from_rank_0(gloo):
     assert_close(probe.weight, nn.Linear(4, 2).weight, 0, "rank 0's probe")
     with pytest.raises(flexmodel.UnsupportedError, match="gradient"):
         fm.register_full_backward_hook(flexmodel.HookFunction("fc1"))
+
+
+@pytest.mark.skipif(WORLD != 4, reason="the tp=2 x dp=2 mesh runs on 4 ranks")
+def test_tensor_and_data_parallel_mesh_equals_one_process(gloo):
+    """Ranks 0,1 and 2,3 each hold the MLP split in two (tensor parallel) and run half the batch each
+    (data parallel): gathered over both, rank 0's captures are one process's on the whole batch."""
+    dist = gloo
+    rank = dist.get_rank()
+    tp_rank, dp_rank = rank % 2, rank // 2
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]   # the module's own all-reduce groups
+    torch.manual_seed(0)
+    whole = MLP().eval()
+    x = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(2))
+
+    def edit(t):  # rows of both data-parallel halves, columns of both tensor-parallel halves
+        t[0, :, 2] = 0.0
+        t[2, :, 9] *= -2.0
+        return t
+    want_out, want = plain(whole, x, {"fc1": edit})
+    part = ParallelMLP(whole, tp_rank, 2, group=groups[dp_rank]).eval()
+    mine = x[:2] if dp_rank == 0 else x[2:]                  # uneven: 2 rows and 1
+    out = {}
+    fm = flexmodel.FlexModel(part, out, tensor_parallel_size=2, data_parallel_size=2)
+    assert (fm.tp_rank, fm.dp_rank) == (tp_rank, dp_rank)
+    fm.register_forward_hook(flexmodel.HookFunction("fc1", expected_shape=(3, 4, 12),
+                                                    editing_function=lambda m, t, ctx, mods: edit(t.clone())))
+    fm.register_forward_hook(flexmodel.HookFunction("act", shard_dim=2))
+    fm.register_forward_hook(flexmodel.HookFunction(""))
+    with torch.no_grad():
+        y = fm(mine)
+    assert_close(y, want_out[:2] if dp_rank == 0 else want_out[2:], 1e-5, f"rank {rank}'s output")
+    if rank == 0:
+        for key in ("fc1", "act"):
+            assert_close(out[key], want[key][0], 1e-5, f"tp x dp capture {key}")
+        assert_close(out[""], want_out, 1e-5, "root output gathered over dp only")
+    else:
+        assert out == {}
+    fm.restore()
