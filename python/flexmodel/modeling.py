@@ -129,8 +129,8 @@ def _engine_module(module):
         return module
     from .errors import ConfigError
     raise ConfigError(f"expected a flexmodel model (flexmodel.from_pretrained) or flexmodel.Module, got "
-                      f"{type(module).__module__}.{type(module).__name__}; torch.nn.Modules run in PyTorch, "
-                      "not in flexmodel's engine")
+                      f"{type(module).__module__}.{type(module).__name__} (flexmodel.FlexModel also takes any "
+                      "torch.nn.Module, run by PyTorch: the torch engine)")
 
 
 def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,

@@ -434,12 +434,12 @@ class TorchFlexModel(FlexModel):
         if hook._cpp is not None:
             raise ConfigError(f"{hook!r} is already registered")
         fn = hook.editing_function
-        if fn is not None and not callable(fn):
-            raise ConfigError(f"HookFunction({hook.module_name!r}): editing_function must be callable, got "
-                              f"{type(fn).__name__}")
         if fn is not None and type(fn).__module__ == "flexmodel._C":
             raise UnsupportedError(f"HookFunction({hook.module_name!r}): flexmodel.edits' built-in edits run in "
                                    "flexmodel's engine; with a torch.nn.Module give a Python editing function")
+        if fn is not None and not callable(fn):
+            raise ConfigError(f"HookFunction({hook.module_name!r}): editing_function must be callable, got "
+                              f"{type(fn).__name__}")
         entry = _Entry(hook, hook_type)
         entry.groups.update(groups)
         self._attach(entry)

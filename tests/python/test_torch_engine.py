@@ -202,6 +202,10 @@ def test_typed_errors_name_the_module(vit, images):
         flexmodel.FlexModel(vit, {}, pipeline_parallel_size=2)
     with pytest.raises(flexmodel.ConfigError, match="torch.distributed"):
         flexmodel.FlexModel(vit, {}, data_parallel_size=2)
+    with pytest.raises(flexmodel.ConfigError, match="got builtins.str.*any torch.nn.Module"):
+        flexmodel.FlexModel("gpt2", {})
+    with pytest.raises(flexmodel.UnsupportedError, match="Python editing function"):
+        fm.register_forward_hook(flexmodel.HookFunction("head", editing_function=flexmodel.edits.ablate()))
 
 
 def test_groups_and_complement(vit, images):
