@@ -267,7 +267,8 @@ class TorchFlexModel(FlexModel):
                              f"{_shape_text(exp)}")
 
     def _shard_dim(self, entry, local):
-        """The tensor-parallel sharded dim of ``local`` (None: the same on every tp rank)."""
+        """The tensor-parallel sharded dim of ``local`` (None: the same on every tp rank). Inferred, it is never
+        dim 0: expected_shape gives the whole batch there, of which each data-parallel rank holds a piece."""
         hook = entry.hook
         if hook.shard_dim is not None:
             return hook.shard_dim % local.dim()

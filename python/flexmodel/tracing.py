@@ -28,8 +28,6 @@ import ctypes
 import operator
 import sys
 
-import torch
-
 from .errors import ConfigError, EditingFunctionError, NotFoundError, UnsupportedError
 from .torch_engine import _StopTrace
 
