@@ -73,8 +73,10 @@ Architecture gpt_neox() {
   a.family = ArchFamily::GPTNeoX;
   a.causal_lm_class = "GPTNeoXForCausalLM";
   a.block_class = "GPTNeoXLayer";
-  a.names = {"gpt_neox", "embed_in", "", "emb_dropout", "layers", "final_layer_norm", "embed_out", "rotary_emb",
+  a.names = {"gpt_neox", "embed_in", "", "emb_dropout", "layers", "final_layer_norm", "lm_head", "rotary_emb",
              "attention"};
+  // Transformers 5 calls the head lm_head; checkpoints (and 4.x) call it embed_out.
+  a.checkpoint_renames = {{"embed_out.", "lm_head."}};
   a.square_mask_buffer = true;
   return a;
 }
@@ -204,17 +206,18 @@ Architecture olmo2() {
   return a;
 }
 
-// Mistral with a sparse MoE block (block_sparse_moe: experts w1 gate, w3 up,
-// w2 down, top-k weights renormalised) and rotary tables in each layer.
+// Mistral with a sparse MoE block (mlp: experts w1 gate, w3 up, w2 down,
+// top-k weights renormalised) and rotary tables in each layer. Checkpoints
+// (and Transformers 4) call the block block_sparse_moe; Transformers 5 mlp.
 Architecture mixtral() {
   Arch d;
   d.prefix = "Mixtral";
   d.rope = Arch::Rope::PerLayerTables;
-  d.moe_block = "block_sparse_moe";
   d.expert.cls = "MixtralBlockSparseTop2MLP";
   d.expert.gate = "w1", d.expert.up = "w3", d.expert.down = "w2";
   d.expert.down_before_up = true;
   Architecture a = decoder_entry("mixtral", d);
+  a.checkpoint_block_renames = {{"block_sparse_moe.", "mlp."}};
   a.defaults.max_position_embeddings = 4096 * 32;
   a.defaults.norm_eps = 1e-5;
   a.defaults.rope_theta = 1e6;

@@ -103,7 +103,9 @@ LoadReport load_weights(CausalLM& model, const Checkpoint& ckpt, const LoadOptio
 }
 
 LoadReport load_weights(CausalLM& model, const std::string& checkpoint_path, const LoadOptions& opts) {
-  return load_weights(model, Checkpoint::open(checkpoint_path), opts);
+  // Read through the architecture's view (renamed keys, dequantized tensors), as load_pretrained does.
+  const Checkpoint stored = Checkpoint::open(checkpoint_path);
+  return load_weights(model, stored.with_view(model_checkpoint_view(model.config(), stored)), opts);
 }
 
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& opts) {

@@ -237,9 +237,9 @@ DecoderLayer::DecoderLayer(const Arch& arch, const ModelConfig& cfg, int64_t lay
   else
     self_attn = add("self_attn", std::make_shared<DecoderAttention>(arch, cfg, layer_idx, opts));
   if (cfg.layer_is_sparse(layer_idx) && arch.moe == Arch::Moe::GptOss)
-    other_moe = add(arch.moe_block, std::make_shared<GptOssMLP>(cfg, opts));
+    other_moe = add("mlp", std::make_shared<GptOssMLP>(cfg, opts));
   else if (cfg.layer_is_sparse(layer_idx))
-    moe = add(arch.moe_block, std::make_shared<SparseMoeBlock>(arch, cfg, opts));
+    moe = add("mlp", std::make_shared<SparseMoeBlock>(arch, cfg, opts));
   else
     mlp = add("mlp", std::make_shared<DecoderMLP>(arch, cfg, opts));
   if (arch.norms != Arch::Norms::Post) input_layernorm = add("input_layernorm", rms_norm(arch, cfg, c, opts));

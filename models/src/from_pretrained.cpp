@@ -91,10 +91,21 @@ std::string output_head_name(CausalLM& model) {
 decltype(LoadCheckpointOptions::transform) plan_quantized_layers(CausalLM& model, const std::string& dir,
                                                                  const std::optional<BnbQuantizationConfig>& q,
                                                                  at::ScalarType dtype) {
-  if (auto bnb = read_bnb_checkpoint(dir)) {
+  // A checkpoint saved by bitsandbytes: its layers named as the model names
+  // them (Mixtral's block_sparse_moe. keys are its mlp.). A folder with a
+  // config only (inspect) has no checkpoint to read.
+  std::optional<CheckpointView> view;
+  const auto& raw = model.config().raw;
+  if (auto q = raw.find("quantization_config");
+      q != raw.end() && q->is_object() && q->value("quant_method", std::string()) == "bitsandbytes") {
+    const Checkpoint stored = Checkpoint::open(dir);
+    view = model_checkpoint_view(model.config(), stored);
+  }
+  const CheckpointView* v = view ? &*view : nullptr;
+  if (auto bnb = read_bnb_checkpoint(dir, v)) {
     if (q && q->enabled() && q->method() != bnb->config.method())
       throw ConfigError(dir + " holds " + bnb->config.method() + " weights; it cannot be loaded as " + q->method());
-    return prepare_bnb_checkpoint(model, *bnb, dir);
+    return prepare_bnb_checkpoint(model, *bnb, dir, v);
   }
   if (!q || !q->enabled()) return nullptr;
   const auto layers = layers_to_quantize(model, *q, {output_head_name(model)});

@@ -135,7 +135,7 @@ Value GPTNeoXModel::forward(Inputs inputs) {
 GPTNeoXForCausalLM::GPTNeoXForCausalLM(const ModelConfig& cfg, const at::TensorOptions& opts)
     : CausalLM("GPTNeoXForCausalLM", cfg) {
   gpt_neox = add("gpt_neox", std::make_shared<GPTNeoXModel>(cfg, opts));
-  embed_out = add("embed_out", std::make_shared<Linear>(cfg.hidden_size, cfg.vocab_size, false, opts));
+  lm_head = add("lm_head", std::make_shared<Linear>(cfg.hidden_size, cfg.vocab_size, false, opts));
   tie_weights();
 }
 

@@ -80,6 +80,10 @@ CheckpointView model_checkpoint_view(const ModelConfig& cfg, const Checkpoint& s
   const Architecture& arch = architecture(cfg);
   CheckpointView v;
   v.renames = arch.checkpoint_renames;
+  const std::string blocks = arch.names.base + "." + arch.names.blocks + ".";
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    for (const auto& [from, to] : arch.checkpoint_block_renames)
+      v.renames.emplace_back(blocks + std::to_string(i) + "." + from, blocks + std::to_string(i) + "." + to);
   v.dropped = arch.checkpoint_dropped;
   // Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction
   // layer) are not part of the causal LM; Transformers skips them too.

@@ -352,7 +352,7 @@ void ParallelCausalLM::shard_gpt_oss_mlp(const DecoderArch& arch, DecoderLayer& 
                       " cannot be split over tp=" + std::to_string(mesh_.tp_size()));
   EmptyInit scope;
   auto mlp = std::make_shared<GptOssMLP>(cfg, at::TensorOptions().dtype(dtype_), il);
-  block.other_moe = block.replace_module(arch.moe_block, mlp);
+  block.other_moe = block.replace_module("mlp", mlp);
   ModuleSharding s;
   s.input_grad = ShardSpec::partial_sum();
   s.output = ShardSpec::partial_sum();
@@ -406,7 +406,7 @@ void ParallelCausalLM::shard_moe_block(const DecoderArch& arch, DecoderLayer& bl
   EmptyInit scope;
   auto moe = std::make_shared<SparseMoeBlock>(arch, cfg, at::TensorOptions().dtype(dtype_),
                                               std::vector<int64_t>(cfg.num_experts, ei), si);
-  block.moe = block.replace_module(arch.moe_block, moe);
+  block.moe = block.replace_module("mlp", moe);
   for (const auto& e : moe->experts->items()) shard_gated_mlp(*std::static_pointer_cast<DecoderMLP>(e), cfg.moe_intermediate_size);
   if (moe->shared_expert) shard_gated_mlp(*moe->shared_expert, cfg.shared_expert_intermediate_size);
 }
@@ -432,7 +432,7 @@ void ParallelCausalLM::place_moe_experts(const DecoderArch& arch, DecoderLayer& 
   EmptyInit scope;
   const int64_t shared = rank == 0 ? cfg.shared_expert_intermediate_size : 0;
   auto moe = std::make_shared<SparseMoeBlock>(arch, cfg, at::TensorOptions().dtype(dtype_), sizes, shared);
-  block.moe = block.replace_module(arch.moe_block, moe);
+  block.moe = block.replace_module("mlp", moe);
   for (size_t e = 0; e < owner.size(); ++e) shard_whole_mlp(*std::static_pointer_cast<DecoderMLP>((*moe->experts)[e]), owner[e]);
   if (moe->shared_expert) {
     shard_whole_mlp(*moe->shared_expert, 0);

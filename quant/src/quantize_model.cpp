@@ -183,7 +183,7 @@ BnbQuantizationConfig bnb_config_from_json(const nlohmann::json& q, const std::s
   return c;
 }
 
-std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
+std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir, const CheckpointView* view) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   nlohmann::json j;
   try {
@@ -211,6 +211,7 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
                       "' is not supported (uint8 only)");
   b.config.validate();
   Checkpoint ck = Checkpoint::open(dir);
+  if (view) ck = ck.with_view(*view);
   const std::string qs = ".weight.quant_state.bitsandbytes__";
   for (const auto& key : ck.keys()) {
     if (b.config.load_in_8bit && key.size() > 4 && key.compare(key.size() - 4, 4, ".SCB") == 0)
@@ -223,8 +224,9 @@ std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir) {
 }
 
 decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model, const BnbCheckpoint& bnb,
-                                                                  const std::string& dir) {
+                                                                  const std::string& dir, const CheckpointView* view) {
   Checkpoint ck = Checkpoint::open(dir);
+  if (view) ck = ck.with_view(*view);
   std::set<std::string> layers(bnb.layers.begin(), bnb.layers.end());
   for (const auto& name : bnb.layers) {
     DenseLayer& layer = dense_at(model, name);

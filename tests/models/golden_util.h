@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "transformers5_names.h"
 
 namespace models_test {
 
@@ -29,11 +30,35 @@ inline nlohmann::json read_json(const std::string& path) {
 }
 
 inline std::string model_dir(const std::string& name) { return flex_test::fixture("models/" + name); }
+/// A first-wave golden json, its module names read as Transformers 5.23's (transformers5_names.h).
 inline nlohmann::json golden_json(const std::string& golden) {
-  return read_json(flex_test::fixture("golden/" + golden + ".json"));
+  return flex_test::transformers5_names(read_json(flex_test::fixture("golden/" + golden + ".json")));
 }
-inline std::shared_ptr<flex::SafetensorsFile> golden_tensors(const std::string& golden) {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/" + golden + ".safetensors"));
+/// A first-wave golden safetensors file whose tensors are named as Transformers 5.23 names the modules.
+class GoldenTensors {
+ public:
+  explicit GoldenTensors(const std::string& path) : file_(flex::SafetensorsFile::open(path)) {
+    for (const auto& stored : file_->names()) {
+      names_.push_back(flex_test::transformers5_name(stored));
+      stored_[names_.back()] = stored;
+    }
+  }
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return stored_.count(name) > 0; }
+  at::Tensor get(const std::string& name) const { return file_->get(stored(name)); }
+  flex::TensorInfo info(const std::string& name) const { return file_->info(stored(name)); }
+
+ private:
+  std::string stored(const std::string& name) const {
+    auto it = stored_.find(name);
+    return it == stored_.end() ? name : it->second;  // an unknown name: the file's own not-found error
+  }
+  std::shared_ptr<flex::SafetensorsFile> file_;
+  std::vector<std::string> names_;
+  std::map<std::string, std::string> stored_;
+};
+inline std::shared_ptr<GoldenTensors> golden_tensors(const std::string& golden) {
+  return std::make_shared<GoldenTensors>(flex_test::fixture("golden/" + golden + ".safetensors"));
 }
 /// tests/data/golden5/<rel>: the Transformers 5.23 goldens.
 inline std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }

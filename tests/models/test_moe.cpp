@@ -26,7 +26,7 @@ struct MoeModel {
 
 void PrintTo(const MoeModel& m, std::ostream* os) { *os << m.name; }
 
-const MoeModel kMixtral{"mixtral", "block_sparse_moe", true, false};
+const MoeModel kMixtral{"mixtral", "mlp", true, false};
 const MoeModel kQwen2Moe{"qwen2_moe", "mlp", false, true};
 
 std::string block_of(const MoeModel& m, int layer) { return "model.layers." + std::to_string(layer) + "." + m.block; }

@@ -121,7 +121,7 @@ Names names_of(const std::string& fixture) {
     return {"model.layers.0.mlp", "model.layers.0.mlp.gate_proj", "model.layers.1.mlp.down_proj", "lm_head",
             "model.norm"};
   return {"gpt_neox.layers.0.mlp", "gpt_neox.layers.0.mlp.dense_h_to_4h", "gpt_neox.layers.1.mlp.dense_4h_to_h",
-          "embed_out", "gpt_neox.final_layer_norm"};
+          "lm_head", "gpt_neox.final_layer_norm"};
 }
 
 using HookList = std::vector<std::pair<flex::HookType, flex::HookFunctionPtr>>;

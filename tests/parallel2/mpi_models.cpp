@@ -11,6 +11,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/from_pretrained.h>
+#include <flex/models/model_checkpoint.h>
 #include <flex/models/parallel_lm.h>
 #include <flex/parallel/communicator.h>
 #include <flex/parallel/device_mesh.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../models/golden_util.h"
 #include "mesh_env.h"
 #include "test_util.h"
 
@@ -34,19 +36,14 @@ using parallel2_test::mesh_shape;
 
 bool rank0() { return mesh().rank() == 0; }
 
-std::shared_ptr<flex::SafetensorsFile> golden(const std::string& model) {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/" + model + ".safetensors"));
-}
+std::shared_ptr<models_test::GoldenTensors> golden(const std::string& model) { return models_test::golden_tensors(model); }
 
 at::Tensor inputs() { return parallel2_test::golden_input_ids(); }
 
 // Modules in Transformers' execution order (golden json), minus the root and
 // the base model, which the parallel forward does not call as a whole.
 std::vector<std::string> hooked_modules(const std::string& model, const std::string& base) {
-  std::ifstream in(flex_test::fixture("golden/" + model + ".json"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str());
+  const auto j = models_test::golden_json(model);
   std::vector<std::string> out;
   for (const auto& m : j["modules_in_execution_order"]) {
     const std::string name = m["name"];
@@ -78,7 +75,7 @@ const std::vector<Arch>& archs() {
       {"llama", "model", "model.layers.1.self_attn", "model.layers.0.mlp", "model.layers.0.self_attn.k_proj",
        "model.embed_tokens", "lm_head", "model.layers.1.mlp.act_fn", "model.layers.1.mlp.down_proj"},
       {"gpt-neox", "gpt_neox", "gpt_neox.layers.1.attention", "gpt_neox.layers.0.mlp",
-       "gpt_neox.layers.0.attention.query_key_value", "gpt_neox.embed_in", "embed_out", "gpt_neox.layers.1.mlp.act",
+       "gpt_neox.layers.0.attention.query_key_value", "gpt_neox.embed_in", "lm_head", "gpt_neox.layers.1.mlp.act",
        "gpt_neox.layers.1.attention.dense"},
   };
   return a;
@@ -213,7 +210,8 @@ TEST_P(ParallelModels, GetModuleParameterIsWhole) {
   auto lm = load(a);
   flex::FlexModel fm(lm);
   fm.set_mesh(mesh(), lm->layout());
-  auto ckpt = flex::Checkpoint::open(flex_test::fixture("models/" + a.fixture));
+  const std::string dir = flex_test::fixture("models/" + a.fixture);
+  auto ckpt = flex::open_model_checkpoint(dir, flex::load_config(dir));  // under the model's names
   // Fused/column, row and vocab-split weights, row biases (held by rank 0
   // only), replicated norms, and the output head.
   std::vector<std::string> params{a.qkv + ".weight", a.row + ".weight", a.embed + ".weight"};
@@ -224,7 +222,7 @@ TEST_P(ParallelModels, GetModuleParameterIsWhole) {
   } else if (a.fixture == "gpt-neox") {
     params.push_back("gpt_neox.layers.0.attention.query_key_value.bias");
     params.push_back("gpt_neox.layers.1.attention.dense.bias");
-    params.push_back("embed_out.weight");
+    params.push_back("lm_head.weight");
   } else {
     params.push_back("lm_head.weight");
     params.push_back("model.layers.1.mlp.up_proj.weight");
@@ -329,7 +327,7 @@ TEST(ParallelMoe, EveryCaptureMatchesGoldenWithExpertsSplitOrWhole) {
       for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
       at::Tensor logits = fm.forward(inputs());
       // Gathered parameters are whole: an expert's projections, the router.
-      const std::string sparse = model == "mixtral" ? "block_sparse_moe" : "mlp";
+      const std::string sparse = "mlp";
       const std::string down = model == "mixtral" ? ".w2" : ".down_proj";
       // Expert parallel: expert 3 of 4 lives on the last tp rank only.
       const std::string e3 = "model.layers.1." + sparse + ".experts.3" + down + ".weight";
@@ -339,7 +337,8 @@ TEST(ParallelMoe, EveryCaptureMatchesGoldenWithExpertsSplitOrWhole) {
       if (!ep && mesh().tp_size() > 1 && lm->owns_parameter(e3)) {
         EXPECT_GT(flex::get_module_tensor(*lm, e3).numel(), 0) << what << ": every rank holds a slice of expert 3";
       }
-      auto ckpt = flex::Checkpoint::open(flex_test::fixture("models/" + model));
+      const std::string dir = flex_test::fixture("models/" + model);
+      auto ckpt = flex::open_model_checkpoint(dir, flex::load_config(dir));  // under the model's names
       for (const std::string& p : {"model.layers.1." + sparse + ".experts.3" + down + ".weight",
                                   "model.layers.0." + sparse + ".experts.0" + down + ".weight",
                                   "model.layers.0." + sparse + ".gate.weight"}) {
@@ -362,7 +361,7 @@ TEST(ParallelMoe, EveryCaptureMatchesGoldenWithExpertsSplitOrWhole) {
 
 TEST(ParallelMoe, RoutingEditsAndExpertRowsMatchSingleProcess) {
   for (const std::string model : {"mixtral", "qwen2_moe"}) {
-    const std::string sparse = model == "mixtral" ? "block_sparse_moe" : "mlp";
+    const std::string sparse = "mlp";
     const std::string b0 = "model.layers.0." + sparse, b1 = "model.layers.1." + sparse;
     const std::vector<std::string> captured{b0 + ".experts.1", b0 + ".experts.2", b1 + ".experts.0", b1 + ".experts.3",
                                             b1};

@@ -8,6 +8,27 @@ import torch
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "fixtures"
 
 
+def transformers5_name(name):
+    """A first-wave fixture name (recorded with Transformers 4.47) under the name Transformers 5.23 (and
+    flexmodel) gives the module: Mixtral's block_sparse_moe is mlp, GPT-NeoX's embed_out is lm_head.
+    The same rule as tests/common/transformers5_names.h."""
+    name = name.replace(".block_sparse_moe", ".mlp")
+    if name == "embed_out" or name.startswith(("embed_out.", "embed_out#")):
+        name = "lm_head" + name[len("embed_out"):]
+    return name
+
+
+def transformers5_names(obj):
+    """transformers5_name on every string (values and keys) of a fixture json."""
+    if isinstance(obj, str):
+        return transformers5_name(obj)
+    if isinstance(obj, list):
+        return [transformers5_names(x) for x in obj]
+    if isinstance(obj, dict):
+        return {transformers5_name(k): transformers5_names(v) for k, v in obj.items()}
+    return obj
+
+
 def max_diff(actual, expected):
     """(largest |difference|, the index where it is) — for messages."""
     d = (actual.detach().double() - expected.detach().double()).abs()

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 import flexmodel
-from conftest import DATA, assert_close
+from conftest import DATA, assert_close, transformers5_names
 
 
 def golden(name):
@@ -34,7 +34,7 @@ def test_init_empty_weights_builds_on_meta_and_from_config_does_not():
 
 def scenarios():
     for path in sorted((DATA / "device_maps").glob("*.json")):
-        fixture = json.loads(path.read_text())
+        fixture = transformers5_names(json.loads(path.read_text()))
         for s in fixture["scenarios"]:
             if "error" in s:  # Accelerate raised; our planner's answer there is checked by the C++ tests
                 continue

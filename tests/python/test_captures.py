@@ -6,7 +6,7 @@ import torch
 from safetensors import safe_open
 
 import flexmodel
-from conftest import DATA, assert_close
+from conftest import DATA, assert_close, transformers5_name
 
 MODELS = sorted(p.stem for p in (DATA / "golden").glob("*.json") if p.stem != "inputs")
 
@@ -26,10 +26,11 @@ def test_every_module_capture_equals_golden(name):
     for key in golden.keys():
         if key in ("input_ids", "logits") or "#" in key or key == "":
             continue
-        assert key in out, f"{name}: no capture for module {key!r}; captured {sorted(out)[:8]}..."
-        got = out[key][0] if isinstance(out[key], list) else out[key]
+        module = transformers5_name(key)
+        assert module in out, f"{name}: no capture for module {module!r}; captured {sorted(out)[:8]}..."
+        got = out[module][0] if isinstance(out[module], list) else out[module]
         assert got.device.type == "cpu"
-        assert_close(got, golden.get_tensor(key), 1e-4, f"{name} {key}")
+        assert_close(got, golden.get_tensor(key), 1e-4, f"{name} {module}")
         compared += 1
     assert compared >= 10, f"{name}: only {compared} modules compared"
 

@@ -51,7 +51,7 @@ TEST_P(CliCapture, HookAllReproducesGolden) {
 TEST_P(CliCapture, BlocksOnDiskWithOffloadFolderReproduceGolden) {
   flex_test::TempDir tmp;
   // Budget: about half the model on CPU, the rest to disk (auto map).
-  const json dm = models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json"));
+  const json dm = flex_test::transformers5_names(models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json")));
   const double total = dm["compute_module_sizes"]["sizes"][0][1].get<double>();
   auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", "all", "--out",
                 tmp.str("cap.safetensors"), "--device-map", "auto", "--max-memory",
@@ -75,7 +75,7 @@ TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
   flex_test::TempDir tmp;
   const std::string hook = GetParam() == "gpt2"       ? "transformer.h.1.mlp"
                            : GetParam() == "gpt-neox" ? "gpt_neox.layers.1.mlp"
-                           : GetParam() == "mixtral"  ? "model.layers.1.block_sparse_moe"
+                           : GetParam() == "mixtral"  ? "model.layers.1.mlp"
                                                       : "model.layers.1.mlp";
   auto r = run({"capture", flex_test::fixture("models/" + GetParam()), "--input-ids", kInputs, "--hook", hook, "--out",
                 tmp.str("cap.safetensors"), "--batch-size", "1"});
@@ -93,7 +93,7 @@ TEST_P(CliCapture, BatchesOfOneAreConcatenated) {
 // batch of two gives, and every expert row is where the golden run put it.
 TEST(CliCaptureMoe, ExpertTokenIndicesSpanTheWholeInput) {
   for (const std::string model : {"mixtral", "qwen2_moe"}) {
-    const std::string block = model == "mixtral" ? "model.layers.0.block_sparse_moe" : "model.layers.0.mlp";
+    const std::string block = "model.layers.0.mlp";
     std::map<std::string, at::Tensor> dense[2];
     for (int pass = 0; pass < 2; ++pass) {
       flex_test::TempDir tmp;
@@ -186,7 +186,7 @@ TEST_P(CliInspect, JsonReproducesFixtureDeviceMapsAndSizes) {
   // process; here the command line is checked end to end on a few: of each
   // kind of call (plain, --dtype, --no-split none) the scenario whose map uses
   // the most devices. (Every scenario costs a process, ~1 s of libtorch start-up.)
-  const json fx = models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json"));
+  const json fx = flex_test::transformers5_names(models_test::read_json(flex_test::fixture("device_maps/" + GetParam() + ".json")));
   const std::vector<std::string> block = fx["model._no_split_modules"];
   const auto no_split_of = [](const json& kw) {
     return !kw.contains("no_split_module_classes") || kw["no_split_module_classes"].is_null();

@@ -410,7 +410,7 @@ TEST(CliDataset, EveryFixtureArchitectureEqualsItsInputIdsCapture) {
       {"phi3", {"model.layers.0.mlp"}},
       {"olmo2", {"model.layers.0"}},
       {"qwen2", {"model.layers.0"}},
-      {"mixtral", {"model.layers.0", "model.layers.0.block_sparse_moe.gate"}},
+      {"mixtral", {"model.layers.0", "model.layers.0.mlp.gate"}},
       {"qwen2_moe", {"model.layers.0.mlp.gate", "model.layers.1"}},
   };
   flex_test::TempDir tmp;

@@ -125,7 +125,7 @@ void require_moe_block(Module& model, const std::string& flag, const std::string
     model.get_submodule(block + ".hook_selected_experts");
   } catch (const NotFoundError&) {
     throw NotFoundError(flag + ": '" + block + "' is not a sparse mixture-of-experts block (e.g. " +
-                        "model.layers.0.block_sparse_moe in Mixtral, model.layers.0.mlp in Qwen2-MoE)");
+                        "model.layers.0.mlp in Mixtral and Qwen2-MoE)");
   }
 }
 

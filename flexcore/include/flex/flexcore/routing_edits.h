@@ -3,7 +3,7 @@
 // them with HookFunctions at a sparse block's hook points.
 //
 //   fm.register_forward_hook(std::make_shared<HookFunction>(
-//       "model.layers.0.block_sparse_moe.gate", HookFunctionOptions{.editing_function = ban_experts({3})}));
+//       "model.layers.0.mlp.gate", HookFunctionOptions{.editing_function = ban_experts({3})}));
 #include <flex/flexcore/hook_function.h>
 
 #include <vector>

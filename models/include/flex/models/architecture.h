@@ -36,7 +36,7 @@ struct StageNames {
   std::string embed_dropout;  // dropout the forward applies to the embeddings
   std::string blocks;         // the ModuleList of blocks ("h", "layers")
   std::string norm;           // final norm ("ln_f", "norm", "final_layer_norm")
-  std::string head;           // output projection ("lm_head", "embed_out")
+  std::string head;           // output projection ("lm_head")
   std::string rotary;         // a base-model rotary module the forward calls once
   std::string attention;      // each block's attention child ("attn", "attention", "self_attn")
 };
@@ -74,6 +74,9 @@ struct Architecture {
   /// model prefix; the first match applies), and stored parts that are not
   /// the causal LM (flex/models/model_checkpoint.h).
   std::vector<std::pair<std::string, std::string>> checkpoint_renames;
+  /// The same inside every block: stored child prefix -> the model's
+  /// (Mixtral's block_sparse_moe. -> mlp., Transformers 5's name).
+  std::vector<std::pair<std::string, std::string>> checkpoint_block_renames;
   std::vector<std::string> checkpoint_dropped;
   /// Blocks past num_hidden_layers in the checkpoint are skipped (DeepSeek-V3's MTP layer).
   bool drop_extra_layers = false;

@@ -86,7 +86,6 @@ struct DecoderArch {
   /// Mixture of experts (config.num_experts > 0): the sparse block's name in
   /// the layer, its experts' layout and whether a gated shared expert runs
   /// beside them (Qwen2-MoE).
-  std::string moe_block = "mlp";  // "block_sparse_moe" in Mixtral
   GatedMLPNames expert;
   bool shared_expert = false;
   /// Which sparse block: SparseMoeBlock (softmax, top-k, per-expert MLPs) or
@@ -197,7 +196,7 @@ class DecoderLayer : public Module {
   std::shared_ptr<DecoderAttention> self_attn;     // null where the attention is latent ...
   std::shared_ptr<LatentAttention> latent_attn;    // ... registered as "self_attn" (DeepSeek)
   std::shared_ptr<DecoderMLP> mlp;     // null in a sparse layer
-  std::shared_ptr<SparseMoeBlock> moe;  // a sparse layer's block (arch.moe_block), else null
+  std::shared_ptr<SparseMoeBlock> moe;  // a sparse layer's block (its mlp), else null
   std::shared_ptr<Module> other_moe;    // ... where it is not a SparseMoeBlock (gpt-oss's GptOssMLP)
   /// Null where the architecture has no such norm.
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,

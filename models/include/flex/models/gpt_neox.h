@@ -2,11 +2,12 @@
 // GPT-NeoX / Pythia (Transformers' GPTNeoXForCausalLM, eager attention):
 // fused query_key_value interleaved per head ([q|k|v] inside each head),
 // partial rotary (the first rotary_pct of each head's dims), parallel or
-// sequential residual, exact (erf) gelu, untied embed_out.
+// sequential residual, exact (erf) gelu, an untied head.
 // Names: gpt_neox.{embed_in,emb_dropout,layers.N.{input_layernorm,
 // post_attention_layernorm,post_attention_dropout,post_mlp_dropout,
 // attention.{rotary_emb,query_key_value,dense,attention_dropout},
-// mlp.{dense_h_to_4h,dense_4h_to_h,act}},final_layer_norm,rotary_emb}, embed_out.
+// mlp.{dense_h_to_4h,dense_4h_to_h,act}},final_layer_norm,rotary_emb}, lm_head (stored as
+// embed_out, the name Transformers 4 gave it).
 // attention.rotary_emb and attention.attention_dropout exist but are never
 // called, as in 4.47. Hook points: see causal_lm.h (no hook_resid_mid with
 // the parallel residual).
@@ -75,11 +76,11 @@ class GPTNeoXForCausalLM : public CausalLM {
   std::vector<std::string> no_split_modules() const override { return {"GPTNeoXLayer"}; }
   std::string base_model_prefix() const override { return "gpt_neox"; }
   std::shared_ptr<Embedding> input_embeddings() const override { return gpt_neox->embed_in; }
-  std::shared_ptr<Linear> output_embeddings() const override { return embed_out; }
+  std::shared_ptr<Linear> output_embeddings() const override { return lm_head; }
   std::shared_ptr<Module> base_model() const override { return gpt_neox; }
 
   std::shared_ptr<GPTNeoXModel> gpt_neox;
-  std::shared_ptr<Linear> embed_out;
+  std::shared_ptr<Linear> lm_head;  // checkpoints store it as embed_out (Transformers 4)
 };
 
 }  // namespace flex

@@ -1,5 +1,5 @@
 #pragma once
-// Sparse mixture-of-experts blocks (Mixtral's block_sparse_moe, Qwen2-MoE's
+// Sparse mixture-of-experts blocks (Mixtral's mlp (block_sparse_moe in its checkpoints), Qwen2-MoE's
 // mlp), as Transformers 4.47 runs them, with routing that hooks can read and
 // edit.
 //

@@ -50,12 +50,15 @@ struct BnbCheckpoint {
 /// nullopt when config.json has no bitsandbytes quantization_config.
 /// ConfigError for a bitsandbytes config this loader cannot read
 /// (llm_int8_has_fp16_weight, a quant storage other than uint8).
-std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir);
+/// `view`: the model's view of the checkpoint (its architecture's renamed
+/// keys), so that layers are named as the model names them.
+std::optional<BnbCheckpoint> read_bnb_checkpoint(const std::string& dir, const CheckpointView* view = nullptr);
 /// Plans `model`'s quantized layers from the checkpoint's own quant states
 /// (shapes, block sizes, types) and returns the loader transform that
 /// renames bitsandbytes' dotted names and keeps the stored dtypes.
 decltype(LoadCheckpointOptions::transform) prepare_bnb_checkpoint(Module& model, const BnbCheckpoint& bnb,
-                                                                  const std::string& dir);
+                                                                  const std::string& dir,
+                                                                  const CheckpointView* view = nullptr);
 
 /// A bitsandbytes quantization_config object (config.json's, or Transformers'
 /// BitsAndBytesConfig.to_dict()) read: load_in_8bit / load_in_4bit,
