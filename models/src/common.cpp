@@ -204,6 +204,23 @@ Value hidden_states_value(const std::vector<at::Tensor>& hs) {
   return c10::ivalue::Tuple::create(std::move(v));
 }
 
+at::Tensor call_child(Module& parent, const std::string& name, const at::Tensor& x) {
+  return first_tensor((*parent.get_submodule(name))(Inputs{Value(x)}), name);
+}
+
+Value run_all_stages(StagedModel& model, const ModelCall& call) {
+  StageCall s;
+  s.input_ids = call.input_ids;
+  s.attention_mask = call.attention_mask;
+  s.position_ids = call.position_ids;
+  s.cache = call.cache;
+  s.past = call.past;
+  std::vector<at::Tensor> states;
+  if (call.output_hidden_states) s.hidden_states = &states;
+  const at::Tensor hidden = model.run_stage(s);
+  return tuple_of({hidden, KVCache::as_value(call.cache), call.output_hidden_states ? hidden_states_value(states) : Value()});
+}
+
 double raw_number(const ModelConfig& cfg, const char* key, double dflt) {
   auto it = cfg.raw.find(key);
   if (it == cfg.raw.end() || !it->is_number()) return dflt;

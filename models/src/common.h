@@ -5,6 +5,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/models/config.h>
 #include <flex/models/kv_cache.h>
+#include <flex/models/staged_model.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -85,6 +86,14 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
 /// Output tuple helpers.
 Value tuple_of(std::vector<Value> items);
 Value hidden_states_value(const std::vector<at::Tensor>& hs);
+
+/// The child `name` of `parent` called on `x` through its registered name
+/// (a replaced child, e.g. a vocab-parallel embedding, runs instead of the
+/// original); its first tensor output.
+at::Tensor call_child(Module& parent, const std::string& name, const at::Tensor& x);
+/// A base model's forward: every stage of it on `call`, as the tuple
+/// (last_hidden_state, past_key_values, hidden_states or None).
+Value run_all_stages(StagedModel& model, const ModelCall& call);
 
 /// A number from the raw config (dropout rates), `dflt` when absent or null.
 double raw_number(const ModelConfig& cfg, const char* key, double dflt);

@@ -295,7 +295,7 @@ Value ScaledEmbedding::forward(Inputs inputs) {
 }
 
 DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)
-    : Module(arch.cls("Model")), arch_(arch), cfg_(cfg) {
+    : StagedModel(arch.cls("Model")), arch_(arch), cfg_(cfg) {
   if (arch.scaled_embedding_class.empty())
     embed_tokens = add("embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
   else
@@ -314,7 +314,7 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
 }
 
 at::Tensor DecoderModel::embed(const at::Tensor& input_ids) {
-  const at::Tensor rows = (*embed_tokens)(input_ids);
+  const at::Tensor rows = detail::call_child(*this, "embed_tokens", input_ids);
   return arch_.scaled_embedding_class.empty() ? scale_embeddings(rows) : rows;  // else scaled inside embed_tokens
 }
 
@@ -357,23 +357,27 @@ std::vector<Value> DecoderModel::position_embeddings(const at::Tensor& hidden, c
 }
 
 Value DecoderModel::forward(Inputs inputs) {
-  auto call = detail::read_call(inputs, cfg_, class_name());
-  const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
-  at::Tensor hidden = embed(call.input_ids);
-  at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
-  const std::vector<Value> pe = position_embeddings(hidden, call.position_ids);
-  std::vector<at::Tensor> states;
+  return detail::run_all_stages(*this, detail::read_call(inputs, cfg_, class_name()));
+}
+
+at::Tensor DecoderModel::run_stage(const StageCall& call) {
+  at::Tensor hidden = call.embeds ? embed(call.input_ids) : call.hidden;
+  const at::Tensor mask = detail::allowed_mask(call.attention_mask, hidden.size(0), hidden.size(1), call.past,
+                                               hidden.device());
+  const std::vector<Value> pe = position_embeddings(hidden, call.position_ids, /*run_hooks=*/call.embeds);
   const auto& blocks = layers->items();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (call.output_hidden_states) states.push_back(hidden);
+  const int64_t last = call.last_block < 0 ? static_cast<int64_t>(blocks.size()) : call.last_block;
+  for (int64_t i = call.first_block; i < last; ++i) {
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
     hidden = first_tensor((*blocks[i])(detail::block_inputs(hidden, mask, call.cache, pe[pe.size() == 1 ? 0 : i],
                                                             call.position_ids)),
                           blocks[i]->class_name());
   }
-  hidden = (*norm)(hidden);
-  if (call.output_hidden_states) states.push_back(hidden);
-  return detail::tuple_of({hidden, KVCache::as_value(call.cache),
-                           call.output_hidden_states ? detail::hidden_states_value(states) : Value()});
+  if (call.finishes) {
+    hidden = (*norm)(hidden);
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
+  }
+  return hidden;
 }
 
 DecoderForCausalLM::DecoderForCausalLM(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)

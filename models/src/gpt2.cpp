@@ -92,7 +92,7 @@ Value GPT2Block::forward(Inputs inputs) {
   return detail::tuple_of({hidden});
 }
 
-GPT2Model::GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts) : Module("GPT2Model"), cfg_(cfg) {
+GPT2Model::GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts) : StagedModel("GPT2Model"), cfg_(cfg) {
   wte = add("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
   wpe = add("wpe", std::make_shared<Embedding>(cfg.max_position_embeddings, cfg.hidden_size, opts));
   drop = add("drop", std::make_shared<Dropout>(detail::raw_number(cfg, "embd_pdrop", 0.1)));
@@ -102,27 +102,36 @@ GPT2Model::GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts) : Mo
 }
 
 Value GPT2Model::forward(Inputs inputs) {
-  auto call = detail::read_call(inputs, cfg_, "GPT2Model");
-  const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
-  // (Values are read only where they exist: a model on meta runs shapes only.)
-  if (call.past + t > cfg_.max_position_embeddings ||
-      (!call.position_ids.is_meta() && (call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
-                                        call.position_ids.min().item<int64_t>() < 0)))
-    throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
-                     std::to_string(cfg_.max_position_embeddings));
-  at::Tensor hidden = (*wte)(call.input_ids);  // wte before wpe: hooks see HF's call order
-  hidden = hidden + (*wpe)(call.position_ids);
-  hidden = (*drop)(hidden);
-  at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
-  std::vector<at::Tensor> states;
-  for (const auto& block : h->items()) {
-    if (call.output_hidden_states) states.push_back(hidden);
-    hidden = first_tensor((*block)(detail::block_inputs(hidden, mask, call.cache, Value())), "GPT2Block");
+  return detail::run_all_stages(*this, detail::read_call(inputs, cfg_, "GPT2Model"));
+}
+
+at::Tensor GPT2Model::run_stage(const StageCall& call) {
+  at::Tensor hidden = call.hidden;
+  if (call.embeds) {
+    const int64_t t = call.input_ids.size(1);
+    // (Values are read only where they exist: a model on meta runs shapes only.)
+    if (call.past + t > cfg_.max_position_embeddings ||
+        (!call.position_ids.is_meta() && (call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
+                                          call.position_ids.min().item<int64_t>() < 0)))
+      throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
+                       std::to_string(cfg_.max_position_embeddings));
+    hidden = detail::call_child(*this, "wte", call.input_ids);  // wte before wpe: hooks see HF's call order
+    hidden = hidden + (*wpe)(call.position_ids);
+    hidden = (*drop)(hidden);
   }
-  hidden = (*ln_f)(hidden);
-  if (call.output_hidden_states) states.push_back(hidden);
-  return detail::tuple_of({hidden, KVCache::as_value(call.cache),
-                           call.output_hidden_states ? detail::hidden_states_value(states) : Value()});
+  const at::Tensor mask = detail::allowed_mask(call.attention_mask, hidden.size(0), hidden.size(1), call.past,
+                                               hidden.device());
+  const auto& blocks = h->items();
+  const int64_t last = call.last_block < 0 ? static_cast<int64_t>(blocks.size()) : call.last_block;
+  for (int64_t i = call.first_block; i < last; ++i) {
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
+    hidden = first_tensor((*blocks[i])(detail::block_inputs(hidden, mask, call.cache, Value())), "GPT2Block");
+  }
+  if (call.finishes) {
+    hidden = (*ln_f)(hidden);
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
+  }
+  return hidden;
 }
 
 GPT2LMHeadModel::GPT2LMHeadModel(const ModelConfig& cfg, const at::TensorOptions& opts)

@@ -105,7 +105,7 @@ Value GPTNeoXLayer::forward(Inputs inputs) {
   return detail::tuple_of({hidden});
 }
 
-GPTNeoXModel::GPTNeoXModel(const ModelConfig& cfg, const at::TensorOptions& opts) : Module("GPTNeoXModel"), cfg_(cfg) {
+GPTNeoXModel::GPTNeoXModel(const ModelConfig& cfg, const at::TensorOptions& opts) : StagedModel("GPTNeoXModel"), cfg_(cfg) {
   embed_in = add("embed_in", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, opts));
   emb_dropout = add("emb_dropout", std::make_shared<Dropout>(detail::raw_number(cfg, "hidden_dropout", 0.0)));
   layers = add("layers", std::make_shared<ModuleList>());
@@ -115,21 +115,30 @@ GPTNeoXModel::GPTNeoXModel(const ModelConfig& cfg, const at::TensorOptions& opts
 }
 
 Value GPTNeoXModel::forward(Inputs inputs) {
-  auto call = detail::read_call(inputs, cfg_, "GPTNeoXModel");
-  const int64_t b = call.input_ids.size(0), t = call.input_ids.size(1);
-  at::Tensor hidden = (*embed_in)(call.input_ids);
-  hidden = (*emb_dropout)(hidden);
-  at::Tensor mask = detail::allowed_mask(call.attention_mask, b, t, call.past, hidden.device());
-  Value pe = (*rotary_emb)(Inputs{hidden, call.position_ids});
-  std::vector<at::Tensor> states;
-  for (const auto& layer : layers->items()) {
-    if (call.output_hidden_states) states.push_back(hidden);
-    hidden = first_tensor((*layer)(detail::block_inputs(hidden, mask, call.cache, pe)), "GPTNeoXLayer");
+  return detail::run_all_stages(*this, detail::read_call(inputs, cfg_, "GPTNeoXModel"));
+}
+
+at::Tensor GPTNeoXModel::run_stage(const StageCall& call) {
+  at::Tensor hidden = call.hidden;
+  if (call.embeds) {
+    hidden = detail::call_child(*this, "embed_in", call.input_ids);
+    hidden = (*emb_dropout)(hidden);
   }
-  hidden = (*final_layer_norm)(hidden);
-  if (call.output_hidden_states) states.push_back(hidden);
-  return detail::tuple_of({hidden, KVCache::as_value(call.cache),
-                           call.output_hidden_states ? detail::hidden_states_value(states) : Value()});
+  const at::Tensor mask = detail::allowed_mask(call.attention_mask, hidden.size(0), hidden.size(1), call.past,
+                                               hidden.device());
+  Inputs rotary_in{hidden, call.position_ids};
+  const Value pe = call.embeds ? (*rotary_emb)(std::move(rotary_in)) : rotary_emb->forward(std::move(rotary_in));
+  const auto& blocks = layers->items();
+  const int64_t last = call.last_block < 0 ? static_cast<int64_t>(blocks.size()) : call.last_block;
+  for (int64_t i = call.first_block; i < last; ++i) {
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
+    hidden = first_tensor((*blocks[i])(detail::block_inputs(hidden, mask, call.cache, pe)), "GPTNeoXLayer");
+  }
+  if (call.finishes) {
+    hidden = (*final_layer_norm)(hidden);
+    if (call.hidden_states) call.hidden_states->push_back(hidden);
+  }
+  return hidden;
 }
 
 GPTNeoXForCausalLM::GPTNeoXForCausalLM(const ModelConfig& cfg, const at::TensorOptions& opts)

@@ -57,6 +57,10 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
   tied_ = skeleton_->tied_parameters();
   base_ = skeleton_->base_model_prefix();
   base_module_ = skeleton_->base_model();
+  staged_base_ = std::dynamic_pointer_cast<StagedModel>(base_module_);
+  if (!staged_base_)
+    throw ConfigError(class_name() + ": its base model '" + base_ + "' (" + base_module_->class_name() +
+                      ") does not run by stages (StagedModel)");
   // Every stage's name comes from the architecture's registry entry.
   const Architecture& arch = architecture(cfg);
   const StageNames& names = arch.names;
@@ -87,18 +91,10 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
     }
     base_module_->replace_module(names.embed, embedding_);
     owned_prefixes_.push_back(base_ + "." + names.embed + ".");
-    if (!names.pos_embed.empty()) {
-      pos_embedding_ = base_module_->get_submodule(names.pos_embed);
-      owned_prefixes_.push_back(base_ + "." + names.pos_embed + ".");
-    }
-    if (!names.embed_dropout.empty()) emb_dropout_ = base_module_->get_submodule(names.embed_dropout);
+    if (!names.pos_embed.empty()) owned_prefixes_.push_back(base_ + "." + names.pos_embed + ".");
   }
   if (!names.pos_embed.empty()) layout_->set_batchless(*base_module_->get_submodule(names.pos_embed));
-  if (!names.rotary.empty()) {
-    rotary_ = base_module_->get_submodule(names.rotary);
-    layout_->set_batchless(*rotary_);
-  }
-  norm_ = base_module_->get_submodule(norm_name_);
+  if (!names.rotary.empty()) layout_->set_batchless(*base_module_->get_submodule(names.rotary));
   if (last_stage) {
     {
       EmptyInit scope;
@@ -146,36 +142,24 @@ Value ParallelCausalLM::forward(Inputs inputs) {
   const int stage = mesh_.pp_rank();
 
   at::Tensor position_ids = at::arange(t, at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-  // The base model's part of this stage. On the last stage it runs inside the
-  // base module's hooks (call_with), so a hook on "transformer" / "model" /
-  // "gpt_neox" fires once per forward and sees (and may edit) the final
-  // hidden state, as in the single-process model.
+  // This stage's share of the base model, through the base model's own
+  // run_stage (the code its single-process forward runs). On the last stage
+  // it runs inside the base module's hooks (call_with), so a hook on
+  // "transformer" / "model" / "gpt_neox" fires once per forward and sees (and
+  // may edit) the final hidden state, as in the single-process model.
   auto base_body = [&](Inputs) -> Value {
-    at::Tensor hidden;
-    if (stage == 0) {
-      hidden = (*embedding_)(ids);
-      if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(base_module_)) hidden = decoder->scale_embeddings(hidden);
-      if (pos_embedding_) hidden = hidden + (*pos_embedding_)(position_ids);
-      if (emb_dropout_) hidden = (*emb_dropout_)(hidden);
-    } else {
-      hidden = mesh_.pp_group()->recv(stage - 1, kHiddenTag);
+    StageCall sc;
+    if (stage == 0) sc.input_ids = ids;
+    else sc.hidden = mesh_.pp_group()->recv(stage - 1, kHiddenTag);
+    if (attention_mask.defined()) {  // as read_call: bool, and none where nothing is masked
+      const at::Tensor real = attention_mask.ne(0);
+      if (!real.all().item<bool>()) sc.attention_mask = real;
     }
-    at::Tensor mask = detail::allowed_mask(attention_mask, b, t, 0, hidden.device());
-    // Stage 0 calls the rotary module as a module (hooks see it); later
-    // stages need the same tables without running hooks a second time.
-    std::vector<Value> pe{Value()};
-    if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(base_module_)) {
-      pe = decoder->position_embeddings(hidden, position_ids, stage == 0);
-    } else if (rotary_) {
-      Inputs rin{hidden, position_ids};
-      pe[0] = stage == 0 ? (*rotary_)(std::move(rin)) : rotary_->forward(std::move(rin));
-    }
-    for (int64_t i = first_block_; i < last_block_; ++i)
-      hidden = detail::first_tensor(
-          (*blocks_[i])(detail::block_inputs(hidden, mask, {}, pe[pe.size() == 1 ? 0 : i], position_ids)),
-          "block " + str(i));
-    if (stage == pp - 1) hidden = (*norm_)(hidden);
-    return detail::tuple_of({hidden});
+    sc.position_ids = position_ids;
+    sc.first_block = first_block_, sc.last_block = last_block_;
+    sc.embeds = stage == 0;
+    sc.finishes = stage == pp - 1;
+    return detail::tuple_of({staged_base_->run_stage(sc)});
   };
   Inputs base_in;
   base_in.set("input_ids", ids);

@@ -27,6 +27,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/rotary.h>
+#include <flex/models/staged_model.h>
 
 #include <string>
 
@@ -208,19 +209,20 @@ class DecoderLayer : public Module {
   DecoderArch arch_;
 };
 
-class DecoderModel : public Module {
+class DecoderModel : public StagedModel {
  public:
   DecoderModel(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
+  /// embed (embed_tokens and the scale), rotary_emb; the layers; norm.
+  at::Tensor run_stage(const StageCall& call) override;
   /// The embedding stage: the lookup, times sqrt(hidden) where the
   /// architecture scales it (after the lookup, or inside embed_tokens).
   at::Tensor embed(const at::Tensor& input_ids);
   /// The factor embeddings are scaled by (Gemma's sqrt(hidden)); 0 where they are not.
   double embedding_scale() const;
   /// Rows of a plain lookup times embedding_scale() where the architecture
-  /// scales after embed_tokens (Gemma 1/2), in the rows' dtype; the
-  /// pipeline's stage 0, whose vocab-parallel embedding replaces
-  /// embed_tokens, runs it too. Unchanged rows elsewhere.
+  /// scales after embed_tokens (Gemma 1/2), in the rows' dtype. Unchanged
+  /// rows elsewhere.
   at::Tensor scale_embeddings(const at::Tensor& rows) const;
   /// True where the scaling follows embed_tokens (Gemma 1/2): its output is the unscaled lookup.
   bool scales_after_lookup() const;

@@ -9,6 +9,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/rotary.h>
+#include <flex/models/staged_model.h>
 
 namespace flex {
 
@@ -47,10 +48,12 @@ class GPT2Block : public Module {
   std::shared_ptr<Identity> hook_resid_pre, hook_resid_mid, hook_resid_post;
 };
 
-class GPT2Model : public Module {
+class GPT2Model : public StagedModel {
  public:
   GPT2Model(const ModelConfig& cfg, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
+  /// wte + wpe, drop; the blocks; ln_f.
+  at::Tensor run_stage(const StageCall& call) override;
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<ModuleList> h;

@@ -14,6 +14,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/rotary.h>
+#include <flex/models/staged_model.h>
 
 namespace flex {
 
@@ -56,10 +57,12 @@ class GPTNeoXLayer : public Module {
   bool parallel_;
 };
 
-class GPTNeoXModel : public Module {
+class GPTNeoXModel : public StagedModel {
  public:
   GPTNeoXModel(const ModelConfig& cfg, const at::TensorOptions& opts);
   Value forward(Inputs inputs) override;
+  /// embed_in, emb_dropout, rotary_emb; the layers; final_layer_norm.
+  at::Tensor run_stage(const StageCall& call) override;
   std::shared_ptr<Embedding> embed_in;
   std::shared_ptr<Dropout> emb_dropout;
   std::shared_ptr<ModuleList> layers;

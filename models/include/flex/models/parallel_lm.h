@@ -47,6 +47,7 @@
 // Limits: no KV cache, no hidden_states output, no autograd across pipeline
 // stages or data-parallel gathers.
 #include <flex/models/causal_lm.h>
+#include <flex/models/staged_model.h>
 #include <flex/quant/bnb_config.h>
 #include <flex/parallel/activation_layout.h>
 #include <flex/parallel/device_mesh.h>
@@ -143,7 +144,8 @@ class ParallelCausalLM : public Module {
   std::string norm_name_, blocks_name_;
   int64_t first_block_ = 0, last_block_ = 0;
   std::vector<std::shared_ptr<Module>> blocks_;
-  std::shared_ptr<Module> base_module_, embedding_, head_, norm_, rotary_, pos_embedding_, emb_dropout_;
+  std::shared_ptr<Module> base_module_, embedding_, head_;
+  std::shared_ptr<StagedModel> staged_base_;  // base_module_, which runs this stage's share
   std::vector<std::string> owned_prefixes_;
   std::vector<std::vector<std::string>> tied_;
 };
