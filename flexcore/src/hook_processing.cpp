@@ -24,8 +24,8 @@ void check_expected_shape(const HookFunction& hook, const at::Tensor& t) {
   bool ok = static_cast<int64_t>(exp.size()) == t.dim();
   for (size_t i = 0; ok && i < exp.size(); ++i) ok = exp[i] == kAnyDim || exp[i] == t.size(static_cast<int64_t>(i));
   if (!ok)
-    throw ShapeError(hook.describe() + ": activation has shape " + shape_text(t.sizes()) + ", expected " +
-                     expected_shape_text(exp));
+    throw ShapeError(hook.describe() + ": activation has shape " + shape_text(t.sizes()) +
+                     " (the module's whole output, as Transformers gives it), expected " + expected_shape_text(exp));
 }
 
 

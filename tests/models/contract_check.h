@@ -9,8 +9,9 @@
 // included) and the same values (the unpadded row where the output is per
 // row, since padded positions are free to differ). A module Transformers has
 // and flexmodel does not is a difference unless it is one of the deliberate
-// differences the README lists (deliberate_rule(), with the rule); the
-// differences still open (open_differences()) must go on differing until fixed.
+// differences the README lists; the differences still open must go on
+// differing until fixed (both listed in tests/data/contract/known_differences.json,
+// which the Python contract test reads too).
 #include <flex/dispatch/safetensors.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/flexcore/hook_function.h>
@@ -27,6 +28,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test_util.h"
@@ -40,30 +42,37 @@ inline nlohmann::json manifest() {
   return nlohmann::json::parse(in);
 }
 
-/// Why flexmodel deliberately differs at `name` (README, "Hook points"), or null.
+/// tests/data/contract/known_differences.json: the deliberate differences
+/// (by rule, as the README lists them) and those still open.
+inline const nlohmann::json& known_differences() {
+  static const nlohmann::json k = [] {
+    std::ifstream in(contract("known_differences.json"));
+    return nlohmann::json::parse(in);
+  }();
+  return k;
+}
+
+/// Why flexmodel deliberately differs at `name` (a rule of known_differences.json), or null.
 inline const char* deliberate_rule(const std::string& name, const nlohmann::json& entry) {
-  // DeepSeek-V2's rotary module gives (cos, sin) where 5.23's gives complex
-  // freqs_cis (docs/design.md, Known limits): same angles, another type.
-  if (entry.value("dtype", "") == "complex64") return "complex rotary table: flexmodel gives (cos, sin)";
-  // Transformers 5 fuses the routed experts into one module holding [E, ...] tensors (and its
-  // act_fn); flexmodel keeps one module per expert (mlp.experts.<e>, its rows the tokens routed
-  // to it), the layout of the published checkpoints and of Transformers 4.
-  static const std::regex fused(R"(.*\.mlp\.experts(\.[a-z_]+)*)");
-  if (std::regex_match(name, fused)) return "fused experts: flexmodel has mlp.experts.<e> per expert";
+  static const auto rules = [] {
+    std::vector<std::tuple<std::string, std::regex, std::string>> r;  // dtype, name pattern, rule
+    for (const auto& d : known_differences()["deliberate"])
+      r.emplace_back(d.value("dtype", ""), std::regex(d.value("match", ".*")), d["rule"].get<std::string>());
+    return r;
+  }();
+  for (const auto& [dtype, match, rule] : rules)
+    if ((dtype.empty() || entry.value("dtype", "") == dtype) && std::regex_match(name, match)) return rule.c_str();
   return nullptr;
 }
 
-/// Differences still open (issue 49), as "case module": where flexmodel
-/// follows Transformers 4.47's tree and 5.23 moved a module. The same in
-/// every layout.
+/// Differences still open (issue 49), as "case module": the same in every layout.
 inline const std::set<std::string>& open_differences() {
-  static const std::set<std::string> open = {
-      // 5.23 has one model.rotary_emb; 4.47 (and flexmodel) per-layer self_attn.rotary_emb.
-      "gemma2 model.rotary_emb", "gemma2_layer_types model.rotary_emb", "mistral model.rotary_emb",
-      "mixtral model.rotary_emb", "olmo2 model.rotary_emb", "phi3 model.rotary_emb",
-      // 5.23's Gemma2TextScaledWordEmbedding scales inside embed_tokens; 4.47 scaled after it.
-      "gemma2 model.embed_tokens", "gemma2_layer_types model.embed_tokens",
-  };
+  static const std::set<std::string> open = [] {
+    std::set<std::string> o;
+    for (const auto& d : known_differences()["open"])
+      for (const auto& c : d["cases"]) o.insert(c.get<std::string>() + " " + d["module"].get<std::string>());
+    return o;
+  }();
   return open;
 }
 
