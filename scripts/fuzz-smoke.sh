@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 secs=${1:-60}
 build=${2:-$root/build-asan}
-targets="safetensors checkpoint_index offload_index config tokenizer tokenizer_text device_map torch_bin"
+targets="safetensors checkpoint_index offload_index config tokenizer tokenizer_text device_map torch_bin gguf"
 if [ ! -f "$build/build.ninja" ]; then
   echo "fuzz-smoke: $build is not configured; run scripts/ci-sanitizers.sh asan first" >&2
   exit 2

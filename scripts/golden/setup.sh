@@ -45,8 +45,9 @@ if [ "$mode" = sae ]; then
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
 # bitsandbytes: the int8 / nf4 peers of bench/bench_decode (its CPU backend).
-want="transformers==5.23.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.3 bitsandbytes==0.50.2"
-if ! "$venv/bin/python" -c "import transformers, accelerate, safetensors, tokenizers, bitsandbytes, sys; sys.exit((transformers.__version__, accelerate.__version__, safetensors.__version__, tokenizers.__version__, bitsandbytes.__version__) != ('5.23.0', '1.15.0', '0.8.0', '0.23.3', '0.50.2'))" 2>/dev/null; then
+# gguf: gguf-py, the reference GGUF writer and dequantizer (make_gguf.py).
+want="transformers==5.23.0 accelerate==1.15.0 safetensors==0.8.0 tokenizers==0.23.3 bitsandbytes==0.50.2 gguf==0.19.0"
+if ! "$venv/bin/python" -c "import transformers, accelerate, safetensors, tokenizers, bitsandbytes, importlib.metadata as m, sys; sys.exit((transformers.__version__, accelerate.__version__, safetensors.__version__, tokenizers.__version__, bitsandbytes.__version__, m.version('gguf')) != ('5.23.0', '1.15.0', '0.8.0', '0.23.3', '0.50.2', '0.19.0'))" 2>/dev/null; then
   "$venv/bin/python" -m pip install --quiet $want "torch==$torch_version" >&2
 fi
 echo "$venv/bin/python"

@@ -1,0 +1,222 @@
+"""Writes the GGUF test files in tests/data/gguf/ with gguf-py (the `gguf`
+package, pinned in scripts/golden/setup.sh), and gguf-py's own reading of
+them as the reference the C++ reader is checked against:
+
+  types.gguf                 one tensor per ggml type flexmodel dequantizes
+                             (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+                             Q4_K, Q5_K, Q6_K), plus Q2_K and Q3_K tensors
+                             flexmodel refuses, and metadata of every GGUF
+                             value type (arrays and nested arrays included),
+                             written with a 64-byte alignment
+  types.dequant.safetensors  gguf.quants.dequantize of each tensor (float32,
+                             the tensor's numpy shape)
+  fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
+  types.metadata.json        each metadata key as gguf-py's GGUFReader reads
+                             it back: {"type": name, "value": ...}; plus
+                             "__tensors__": name -> {"type", "shape"}
+
+Quantized tensors: the legacy types are quantized by gguf-py from random
+normal floats ("<type>") and also given as random block bytes
+("<type>.random"); the k-quants, which gguf-py does not quantize, are random
+block bytes. In random blocks every fp16 scale field is overwritten with a
+finite, moderate value; all other bits are random.
+
+Run:  PY=$(bash scripts/golden/setup.sh); $PY scripts/golden/make_gguf.py
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as V
+from safetensors.numpy import save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "data", "gguf")
+
+# Byte offsets of the fp16 fields in one block of each type, and whether the
+# field is a minimum (kept non-negative: the k-quants subtract dmin * min).
+FP16_FIELDS = {
+    T.Q8_0: [(0, False)],
+    T.Q4_0: [(0, False)],
+    T.Q5_0: [(0, False)],
+    T.Q4_1: [(0, False), (2, True)],
+    T.Q5_1: [(0, False), (2, True)],
+    T.Q2_K: [(80, False), (82, True)],
+    T.Q3_K: [(108, False)],
+    T.Q4_K: [(0, False), (2, True)],
+    T.Q5_K: [(0, False), (2, True)],
+    T.Q6_K: [(208, False)],
+}
+
+
+def random_blocks(rng, qtype, rows, cols):
+    """Random block bytes for a [rows, cols] tensor of `qtype`, with sane scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    assert cols % block == 0
+    n_blocks = rows * cols // block
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for off, is_min in FP16_FIELDS[qtype]:
+        mag = rng.uniform(0.002, 0.08, size=n_blocks)
+        val = mag if is_min else mag * rng.choice([-1.0, 1.0], size=n_blocks)
+        raw[:, off:off + 2] = val.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(rows, cols // block * size)
+
+
+def write_types(rng):
+    path = os.path.join(OUT, "types.gguf")
+    w = gguf.GGUFWriter(path, "flextest")
+    w.add_custom_alignment(64)
+    w.add_name("flexmodel gguf types")
+    # One key per value type, arrays of several element types, a nested array.
+    add_all_value_types(w)
+
+    refs = {}
+    rows, cols = 6, 512
+
+    def add(name, data, qtype=None):
+        if qtype is None:
+            w.add_tensor(name, data)
+            qt = T.F32 if data.dtype == np.float32 else T.F16
+            refs[name] = gguf.quants.dequantize(data.view(np.uint8), qt).reshape(data.shape)
+        else:
+            w.add_tensor(name, data, raw_dtype=qtype)
+            refs[name] = gguf.quants.dequantize(data, qtype)
+        assert refs[name].dtype == np.float32
+
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    add("f32", x)
+    # F16 from random bits: subnormals, infinities and NaN payloads included.
+    add("f16", rng.integers(0, 65536, size=(rows, cols), dtype=np.uint16).view(np.float16))
+    add("bf16", gguf.quants.quantize(x, T.BF16), T.BF16)
+    for qt in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
+        add(qt.name.lower(), gguf.quants.quantize(x, qt), qt)
+        add(qt.name.lower() + ".random", random_blocks(rng, qt, rows, cols), qt)
+    for qt in (T.Q4_K, T.Q5_K, T.Q6_K):
+        add(qt.name.lower(), random_blocks(rng, qt, rows, cols), qt)
+    # A 3-D tensor: the file's dims are reversed to the torch shape.
+    blocks3 = random_blocks(rng, T.Q6_K, 2 * 3, 256).reshape(2, 3, -1)
+    add("q6_k.3d", blocks3, T.Q6_K)
+    # Types flexmodel reads but does not dequantize.
+    for qt in (T.Q2_K, T.Q3_K):
+        name = qt.name.lower() + ".unsupported"
+        w.add_tensor(name, random_blocks(rng, qt, 2, 256), raw_dtype=qt)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file({k: np.ascontiguousarray(v) for k, v in refs.items()}, os.path.join(OUT, "types.dequant.safetensors"))
+    describe(path, os.path.join(OUT, "types.metadata.json"))
+
+
+def add_all_value_types(w):
+    w.add_uint8("test.u8", 200)
+    w.add_int8("test.i8", -100)
+    w.add_uint16("test.u16", 60000)
+    w.add_int16("test.i16", -30000)
+    w.add_uint32("test.u32", 4000000000)
+    w.add_int32("test.i32", -2000000000)
+    w.add_float32("test.f32", 0.1)
+    w.add_uint64("test.u64", 18000000000000000000)
+    w.add_int64("test.i64", -9000000000000000000)
+    w.add_float64("test.f64", -2.5e-300)
+    w.add_bool("test.bool_true", True)
+    w.add_bool("test.bool_false", False)
+    w.add_string("test.string", "héllo, GGUF")
+    w.add_array("test.array_i32", [1, -2, 3, 2147483647])
+    w.add_key_value("test.array_u8", [0, 1, 255], V.ARRAY, sub_type=V.UINT8)
+    w.add_key_value("test.array_f32", [0.5, -1.25, 3e38], V.ARRAY, sub_type=V.FLOAT32)
+    w.add_key_value("test.array_f64", [1e-300, 2.0], V.ARRAY, sub_type=V.FLOAT64)
+    w.add_key_value("test.array_bool", [True, False, True], V.ARRAY, sub_type=V.BOOL)
+    w.add_key_value("test.array_u64", [0, 18446744073709551615], V.ARRAY, sub_type=V.UINT64)
+    w.add_array("test.array_str", ["a", "", "ünïcode", "tokens with spaces"])
+    w.add_array("test.array_nested", [[1, 2], [3, 4, 5]])
+
+
+def write_fuzz_seeds(rng):
+    out = os.path.join(ROOT, "fuzz", "corpus", "gguf")
+    os.makedirs(out, exist_ok=True)
+    # Metadata only.
+    w = gguf.GGUFWriter(os.path.join(out, "metadata.gguf"), "flextest")
+    add_all_value_types(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # A few small tensors of several types, default alignment.
+    w = gguf.GGUFWriter(os.path.join(out, "tensors.gguf"), "llama")
+    w.add_uint32("llama.block_count", 1)
+    w.add_array("tokenizer.ggml.tokens", ["<s>", "a", "b"])
+    w.add_tensor("f32", rng.standard_normal((2, 4)).astype(np.float32))
+    w.add_tensor("f16", rng.standard_normal((1, 8)).astype(np.float16))
+    w.add_tensor("q8_0", random_blocks(rng, T.Q8_0, 1, 32), raw_dtype=T.Q8_0)
+    w.add_tensor("q4_k", random_blocks(rng, T.Q4_K, 1, 256), raw_dtype=T.Q4_K)
+    w.add_tensor("q6_k", random_blocks(rng, T.Q6_K, 1, 256), raw_dtype=T.Q6_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def field_value(field):
+    """A metadata value as GGUFReader decodes it, JSON-ready."""
+    def conv(v):
+        if isinstance(v, (bytes, bytearray)):
+            return v.decode("utf-8")
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, list):
+            return [conv(i) for i in v]
+        return v
+    return conv(field.contents())
+
+
+def describe(path, out):
+    r = gguf.GGUFReader(path)
+    meta = {}
+    for name, field in r.fields.items():
+        if name.startswith("GGUF."):
+            continue  # the header fields (version, counts)
+        entry = {"type": field.types[0].name.lower()}
+        if field.types[0] == V.ARRAY:
+            # GGUFReader flattens arrays of arrays: "value" then lists the
+            # innermost elements, and "types" is the chain of types.
+            entry["types"] = [t.name.lower() for t in field.types]
+            entry["element_type"] = field.types[-1].name.lower()
+        v = field_value(field)
+        # JSON cannot hold 64-bit integers exactly everywhere: store as strings.
+        if entry["type"] in ("uint64", "int64"):
+            v = str(v)
+        if entry.get("element_type") in ("uint64", "int64"):
+            v = [str(i) for i in v]
+        if entry["type"] in ("float32", "float64") or entry.get("element_type") in ("float32", "float64"):
+            v = [float(i).hex() for i in v] if isinstance(v, list) else float(v).hex()
+        entry["value"] = v
+        meta[name] = entry
+    meta["__tensors__"] = {
+        t.name: {"type": t.tensor_type.name, "type_id": int(t.tensor_type), "shape": [int(d) for d in reversed(t.shape)],
+                 "offset": int(t.data_offset - r.data_offset), "nbytes": int(t.n_bytes)}
+        for t in r.tensors
+    }
+    meta["__data_offset__"] = int(r.data_offset)
+    with open(out, "w") as f:
+        json.dump(meta, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    rng = np.random.default_rng(52)
+    write_types(rng)
+    write_fuzz_seeds(rng)
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
+    print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
