@@ -4,6 +4,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
 #include <flex/models/model_checkpoint.h>
 #include <flex/quant/quantize_model.h>
 
@@ -29,6 +30,7 @@ void copy_into_memory(Module& model) {
 }  // namespace
 
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& o) {
+  if (is_gguf_file(dir)) return gguf_from_pretrained(dir, o);
   ModelConfig cfg = load_config(dir);
   const Checkpoint stored = Checkpoint::open(dir);
   const CheckpointView view = model_checkpoint_view(cfg, stored);

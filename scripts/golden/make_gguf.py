@@ -10,6 +10,12 @@ them as the reference the C++ reader is checked against:
                              written with a 64-byte alignment
   types.dequant.safetensors  gguf.quants.dequantize of each tensor (float32,
                              the tensor's numpy shape)
+  llama-tiny/                a random Llama (Transformers 5.23 save_pretrained:
+                             config.json, model.safetensors), with
+    llama-tiny.gguf          its F32 GGUF as llama.cpp's convert_hf_to_gguf.py
+                             lays it out (names, metadata, Q/K rows permuted
+                             for its rope), written with gguf-py's GGUFWriter
+    llama-tiny.logits.safetensors  Transformers' logits for fixed input ids
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -209,11 +215,81 @@ def describe(path, out):
         f.write("\n")
 
 
+def hf_to_gguf_permute(w, n_head):
+    """llama.cpp's converter reorders each head's q/k rows from Transformers'
+    rotate-half layout (first half, second half) to interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_tiny():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(52)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # larger than the 0.02 init, so the logits differ visibly between layouts
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    folder = os.path.join(OUT, "llama-tiny")
+    model.save_pretrained(folder, safe_serialization=True)
+
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "llama-tiny.logits.safetensors"))
+
+    w = gguf.GGUFWriter(os.path.join(OUT, "llama-tiny.gguf"), "llama")
+    w.add_name("llama-tiny")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    w.add_token_scores([0.0] * cfg.vocab_size)
+    w.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
+    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, t in model.state_dict().items():
+        x = t.float().numpy()
+        parts = name.split(".")
+        if parts[0] == "lm_head":
+            gname = "output.weight"
+        elif parts[1] == "layers":
+            sub = ".".join(parts[3:-1])
+            gname = f"blk.{parts[2]}.{per_layer[sub]}.weight"
+            if sub == "self_attn.q_proj":
+                x = hf_to_gguf_permute(x, cfg.num_attention_heads)
+            elif sub == "self_attn.k_proj":
+                x = hf_to_gguf_permute(x, cfg.num_key_value_heads)
+        else:
+            gname = names[parts[1]] + ".weight"
+        w.add_tensor(gname, np.ascontiguousarray(x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(52)
     write_types(rng)
     write_fuzz_seeds(rng)
+    write_llama_tiny()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

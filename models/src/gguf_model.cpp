@@ -1,0 +1,210 @@
+// GGUF files as flexmodel models: llama.cpp's metadata keys back to a
+// Transformers config, its tensor names back to Transformers' module names,
+// and the q/k row order of its converter undone.
+#include <flex/models/gguf_model.h>
+
+#include <flex/dispatch/gguf.h>
+#include <flex/hooks/empty_init.h>
+#include <flex/hooks/errors.h>
+#include <flex/hooks/module.h>
+#include <flex/models/auto_model.h>
+#include <flex/models/config.h>
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace flex {
+
+namespace {
+
+// llama.cpp's per-block tensor names -> Transformers' (Llama).
+const std::map<std::string, std::string>& llama_block_names() {
+  static const std::map<std::string, std::string> m = {
+      {"attn_norm", "input_layernorm"},   {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},     {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"},      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
+  };
+  return m;
+}
+
+// "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; "" when unknown.
+std::string llama_name(const std::string& g) {
+  if (g == "token_embd.weight") return "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
+  if (g.rfind("blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 4);
+  if (dot == std::string::npos) return "";
+  const std::string layer = g.substr(4, dot - 4);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return "";
+  const size_t last = g.rfind('.');
+  if (last <= dot) return "";
+  const std::string part = g.substr(dot + 1, last - dot - 1), suffix = g.substr(last);  // ".weight" / ".bias"
+  if (suffix != ".weight" && suffix != ".bias") return "";
+  auto it = llama_block_names().find(part);
+  if (it == llama_block_names().end()) return "";
+  return "model.layers." + layer + "." + it->second + suffix;
+}
+
+// llama.cpp's converter stores each head's rows [first half | second half]
+// (Transformers' rotate-half pairs i, i + d/2) as interleaved pairs: row
+// 2i + j of a head is its row i + j * d/2. This puts them back.
+at::Tensor unpermute_rows(const at::Tensor& w, int64_t n_head, const std::string& path, const std::string& name) {
+  const int64_t rows = w.size(0);
+  if (n_head <= 0 || rows % (2 * n_head) != 0)
+    throw FileFormatError("GGUF file " + path + ": tensor '" + name + "' has " + std::to_string(rows) +
+                          " rows, which do not split into " + std::to_string(n_head) + " heads of pairs");
+  std::vector<int64_t> s = {n_head, rows / n_head / 2, 2};
+  for (int64_t d = 1; d < w.dim(); ++d) s.push_back(w.size(d));
+  return w.reshape(s).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+int64_t int_or(const GgufFile& f, const std::string& key, int64_t fallback) {
+  return f.has(key) ? f.get_int(key) : fallback;
+}
+
+}  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+nlohmann::json gguf_config_json(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama")
+    throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
+                           "'; flexmodel reads GGUF models of architecture 'llama' so far");
+  const std::string p = arch + ".";
+  nlohmann::json c;
+  c["model_type"] = "llama";
+  c["architectures"] = {"LlamaForCausalLM"};
+  const int64_t hidden = f.get_int(p + "embedding_length");
+  const int64_t heads = f.get_int(p + "attention.head_count");
+  c["hidden_size"] = hidden;
+  c["intermediate_size"] = f.get_int(p + "feed_forward_length");
+  c["num_hidden_layers"] = f.get_int(p + "block_count");
+  c["num_attention_heads"] = heads;
+  c["num_key_value_heads"] = int_or(f, p + "attention.head_count_kv", heads);
+  c["max_position_embeddings"] = f.get_int(p + "context_length");
+  c["rms_norm_eps"] = f.get_double(p + "attention.layer_norm_rms_epsilon");
+  c["rope_theta"] = f.has(p + "rope.freq_base") ? f.get_double(p + "rope.freq_base") : 10000.0;
+  if (heads > 0) c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
+  if (f.has(p + "rope.scaling.type")) {
+    const std::string kind = f.get_string(p + "rope.scaling.type");
+    if (kind == "linear") {
+      c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", f.get_double(p + "rope.scaling.factor")}};
+    } else if (kind != "none") {
+      throw UnsupportedError("GGUF file " + f.path() + ": metadata key '" + p + "rope.scaling.type' is '" + kind +
+                             "'; only 'linear' and 'none' are read so far");
+    }
+  }
+  if (f.has(p + "vocab_size")) {
+    c["vocab_size"] = f.get_int(p + "vocab_size");
+  } else if (f.has("tokenizer.ggml.tokens")) {
+    c["vocab_size"] = static_cast<int64_t>(f.value("tokenizer.ggml.tokens").size());
+  } else {
+    c["vocab_size"] = f.tensor("token_embd.weight").shape.at(0);
+  }
+  c["tie_word_embeddings"] = !f.contains("output.weight");
+  c["attention_bias"] = f.contains("blk.0.attn_q.bias");
+  c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
+  c["hidden_act"] = "silu";
+  c["torch_dtype"] = "float32";
+  if (f.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
+  if (f.has("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
+  return c;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& f) {
+  const nlohmann::json c = gguf_config_json(f);
+  const int64_t heads = c["num_attention_heads"], kv_heads = c["num_key_value_heads"];
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& g : f.tensor_names()) {
+    const std::string name = llama_name(g);
+    if (name.empty())
+      throw UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
+                             "' has no counterpart in Transformers' Llama that flexmodel knows");
+    at::Tensor t = f.dequantize(g);
+    if (name.find(".q_proj.") != std::string::npos) t = unpermute_rows(t, heads, f.path(), g);
+    if (name.find(".k_proj.") != std::string::npos) t = unpermute_rows(t, kv_heads, f.path(), g);
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const PretrainedOptions& o) {
+  if (o.device_map || !o.device_map_strategy.empty() || o.max_memory || o.offload_folder || o.quantization)
+    throw UnsupportedError("GGUF file " + path +
+                           ": device maps, memory budgets, offloading and quantization options are not taken for "
+                           "GGUF models yet; load it on the CPU");
+  auto f = GgufFile::open(path);
+  const ModelConfig cfg = parse_config(gguf_config_json(*f), path);
+  const at::ScalarType dtype = o.torch_dtype == "auto" ? at::kFloat : parse_torch_dtype(o.torch_dtype);
+  std::shared_ptr<CausalLM> model;
+  {
+    EmptyInit scope;
+    model = build_causal_lm(cfg, at::TensorOptions().dtype(dtype));
+  }
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, std::string> stored;  // model name -> GGUF name, for messages
+  for (const auto& g : f->tensor_names()) stored[llama_name(g)] = g;
+  for (auto& [name, t] : gguf_state_dict(*f)) tensors.emplace(name, std::move(t));
+
+  std::set<std::string> tied_out;
+  const std::string prefix = model->base_model_prefix() + ".";
+  for (const auto& group : model->tied_parameters())
+    for (const auto& name : group)
+      if (name.rfind(prefix, 0) != 0) tied_out.insert(name);
+  std::vector<std::string> missing;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, current] : state_dict(*model)) {
+      auto it = tensors.find(name);
+      if (it == tensors.end()) {
+        if (!tied_out.count(name)) missing.push_back(name);
+        continue;
+      }
+      at::Tensor t = it->second;
+      if (t.sizes() != current.sizes()) {
+        std::ostringstream m;
+        m << "GGUF file " << path << ": tensor '" << stored[name] << "' has shape " << t.sizes() << " but "
+          << model->class_name() << " built from its metadata expects " << current.sizes() << " for '" << name << "'";
+        throw ShapeError(m.str());
+      }
+      if (t.scalar_type() != dtype) t = t.to(dtype);
+      // F32 tensors are views of the mapping; copy unless mmap is wanted.
+      if (!o.mmap && t.data_ptr() == it->second.data_ptr()) t = t.clone();
+      set_module_tensor(*model, name, t);
+      tensors.erase(it);
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
+    throw NotFoundError("GGUF file " + path + " lacks " + std::to_string(missing.size()) +
+                        " tensor(s) that the model needs: " + list);
+  }
+  if (!tensors.empty())
+    throw FileFormatError("GGUF file " + path + ": tensor '" + stored[tensors.begin()->first] +
+                          "' is not part of the model its metadata describes (" + std::to_string(tensors.size()) +
+                          " such tensor(s))");
+  model->tie_weights();
+  model->reset_computed_buffers(at::Device(at::kCPU));
+  for (const auto& [name, t] : state_dict(*model))
+    if (t.is_meta()) throw NotFoundError("after loading GGUF file " + path + ", '" + name + "' is still on the meta device");
+  model->eval();
+  return model;
+}
+
+}  // namespace flex

@@ -1,0 +1,111 @@
+// A llama GGUF as a flexmodel model: scripts/golden/make_gguf.py saved a
+// random Llama with Transformers 5.23 (tests/data/gguf/llama-tiny/), its F32
+// GGUF laid out as llama.cpp's converter lays it out (q/k rows permuted),
+// and Transformers' logits for fixed ids. The GGUF model's config, weights
+// and logits are checked against those.
+#include <flex/dispatch/atomic_file.h>
+#include <flex/dispatch/gguf.h>
+#include <flex/dispatch/safetensors.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "test_util.h"
+
+using flex_test::data_path;
+
+namespace {
+
+std::string gguf_path() { return data_path("gguf/llama-tiny.gguf"); }
+std::string hf_dir() { return data_path("gguf/llama-tiny"); }
+
+template <class E, class F>
+void expect_error(F fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no exception; expected one mentioning " << needles.front();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(GgufModel, ConfigFromMetadataMatchesTransformers) {
+  auto f = flex::GgufFile::open(gguf_path());
+  const nlohmann::json c = flex::gguf_config_json(*f);
+  std::ifstream in(hf_dir() + "/config.json");
+  const nlohmann::json hf = nlohmann::json::parse(in);
+  for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "max_position_embeddings", "vocab_size", "head_dim",
+                        "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "bos_token_id",
+                        "eos_token_id"})
+    EXPECT_EQ(c.at(k), hf.at(k)) << k;
+  // float32 in the file: compare as float32.
+  EXPECT_EQ(static_cast<float>(c.at("rms_norm_eps").get<double>()), static_cast<float>(hf.at("rms_norm_eps").get<double>()));
+  EXPECT_EQ(c.at("rope_theta").get<double>(), hf.at("rope_parameters").at("rope_theta").get<double>());
+}
+
+// Every weight equals the safetensors checkpoint's (q/k un-permuted).
+TEST(GgufModel, WeightsEqualTheSafetensorsCheckpoint) {
+  auto f = flex::GgufFile::open(gguf_path());
+  auto st = flex::SafetensorsFile::open(hf_dir() + "/model.safetensors");
+  // The file's q/k rows are in llama.cpp's order, not Transformers'.
+  EXPECT_FALSE(at::equal(f->dequantize("blk.0.attn_q.weight"), st->get("model.layers.0.self_attn.q_proj.weight")));
+  EXPECT_FALSE(at::equal(f->dequantize("blk.1.attn_k.weight"), st->get("model.layers.1.self_attn.k_proj.weight")));
+  auto sd = flex::gguf_state_dict(*f);
+  ASSERT_EQ(sd.size(), st->names().size());
+  for (const auto& [name, t] : sd) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(st->contains(name));
+    EXPECT_TRUE(flex_test::equal(t, st->get(name)));
+  }
+}
+
+// from_pretrained("x.gguf"): logits equal Transformers' and the same model
+// loaded from its safetensors folder, within 1e-5.
+TEST(GgufModel, LogitsEqualTransformersAndSafetensorsModel) {
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/llama-tiny.logits.safetensors"));
+  const at::Tensor ids = ref->get("input_ids");
+  const at::Tensor want = ref->get("logits");
+  at::NoGradGuard no_grad;
+  auto g = flex::from_pretrained(gguf_path());
+  auto s = flex::from_pretrained(hf_dir());
+  const at::Tensor lg = g->logits(ids), ls = s->logits(ids);
+  EXPECT_TRUE(flex_test::close(lg, want, 0, 1e-5)) << "GGUF model vs Transformers";
+  EXPECT_TRUE(flex_test::close(lg, ls, 0, 1e-5)) << "GGUF model vs safetensors model";
+  // Not merely close by accident: the logits are far from zero.
+  EXPECT_GT(want.abs().max().item<double>(), 0.5);
+  flex::PretrainedOptions copy;
+  copy.mmap = false;
+  copy.torch_dtype = "auto";
+  EXPECT_TRUE(flex_test::close(flex::from_pretrained(gguf_path(), copy)->logits(ids), want, 0, 1e-5));
+}
+
+TEST(GgufModel, Errors) {
+  flex_test::TempDir dir;
+  std::string b = flex::read_file(gguf_path());
+  // general.architecture "llama" -> "llamb" (same length).
+  std::string needle = std::string("\x05\0\0\0\0\0\0\0llama", 13);
+  const size_t at = b.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  b[at + 12] = 'b';
+  const std::string bad = dir.str("llamb.gguf");
+  std::ofstream(bad, std::ios::binary) << b;
+  expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(bad); }, {bad, "'llamb'"});
+  flex::PretrainedOptions o;
+  o.device_map_strategy = "auto";
+  expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(gguf_path(), o); }, {gguf_path(), "device maps"});
+  EXPECT_TRUE(flex::is_gguf_file(gguf_path()));
+  EXPECT_FALSE(flex::is_gguf_file(hf_dir()));
+  EXPECT_FALSE(flex::is_gguf_file(hf_dir() + "/config.json"));
+}
