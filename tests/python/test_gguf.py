@@ -1,0 +1,60 @@
+"""A GGUF model through the Python API (issue 52): flexmodel.from_pretrained on
+a .gguf file, hooked by FlexModel. tests/data/gguf/ (scripts/golden/make_gguf.py)
+holds a random Llama saved by Transformers 5.23, its F32 GGUF laid out as
+llama.cpp's converter lays it out, and Transformers' logits."""
+import torch
+from safetensors.torch import load_file
+
+import flexmodel
+from conftest import DATA, assert_close
+
+GGUF = DATA.parent / "gguf" / "llama-tiny.gguf"
+FOLDER = DATA.parent / "gguf" / "llama-tiny"
+
+
+def captures(model, ids):
+    out = {}
+    fm = flexmodel.FlexModel(model, out)
+    fm.create_hook_group("every", "")
+    with torch.no_grad():
+        logits = fm(ids)
+    return logits, out
+
+
+def test_gguf_model_captures_equal_the_safetensors_model():
+    ref = load_file(str(DATA.parent / "gguf" / "llama-tiny.logits.safetensors"))
+    ids = ref["input_ids"]
+    g_logits, g = captures(flexmodel.from_pretrained(GGUF), ids)
+    s_logits, s = captures(flexmodel.from_pretrained(FOLDER), ids)
+    assert_close(g_logits, ref["logits"], 1e-5, "GGUF model logits vs Transformers'")
+    assert_close(g_logits, s_logits, 1e-5, "GGUF model logits vs the safetensors model's")
+    assert sorted(g) == sorted(s) and len(g) >= 20, sorted(g)
+    for name in s:
+        got = g[name][0] if isinstance(g[name], list) else g[name]
+        want = s[name][0] if isinstance(s[name], list) else s[name]
+        assert_close(got, want, 1e-5, f"capture of {name}")
+
+
+def test_gguf_model_takes_edits():
+    ref = load_file(str(DATA.parent / "gguf" / "llama-tiny.logits.safetensors"))
+    ids = ref["input_ids"]
+    outs = []
+    for path in (GGUF, FOLDER):
+        model = flexmodel.from_pretrained(path)
+        out = {}
+        fm = flexmodel.FlexModel(model, out)
+        fm.register_forward_hook(flexmodel.HookFunction(
+            "model.layers.0.mlp", expected_shape=(1, ids.shape[1], 32), editing_function=lambda m, x, *a: x * 0.5))
+        with torch.no_grad():
+            outs.append(fm(ids))
+    assert (outs[0] - ref["logits"]).abs().max() > 1e-3  # the edit changed the logits
+    assert_close(outs[0], outs[1], 1e-5, "edited GGUF model vs edited safetensors model")
+
+
+def test_gguf_model_errors_are_typed():
+    try:
+        flexmodel.from_pretrained(GGUF, device_map="auto")
+    except flexmodel.Error as e:
+        assert "device maps" in str(e) and str(GGUF) in str(e)
+    else:
+        raise AssertionError("no error for device_map on a GGUF file")
