@@ -16,6 +16,10 @@ them as the reference the C++ reader is checked against:
                              lays it out (names, metadata, Q/K rows permuted
                              for its rope), written with gguf-py's GGUFWriter
     llama-tiny.logits.safetensors  Transformers' logits for fixed input ids
+    llama-tiny-q8_0.gguf     the same with every matrix whose rows are whole
+                             32-blocks quantized to Q8_0 by gguf-py (the rest F32)
+    llama-tiny-q8_0.logits.safetensors  Transformers' logits with the weights
+                             gguf-py dequantizes from that file
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -221,27 +225,16 @@ def hf_to_gguf_permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_tiny():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def gguf_to_hf_permute(w, n_head):
+    """The inverse of hf_to_gguf_permute (checked on every tensor it is used on)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-    torch.manual_seed(52)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
-                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # larger than the 0.02 init, so the logits differ visibly between layouts
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    folder = os.path.join(OUT, "llama-tiny")
-    model.save_pretrained(folder, safe_serialization=True)
 
-    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
-    with torch.no_grad():
-        logits = model(ids).logits.float()
-    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "llama-tiny.logits.safetensors"))
-
-    w = gguf.GGUFWriter(os.path.join(OUT, "llama-tiny.gguf"), "llama")
+def write_llama_gguf(path, cfg, model, quantize):
+    """`model` as llama.cpp's converter writes it; quantize: Q8_0 where rows are whole blocks.
+    Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order)."""
+    w = gguf.GGUFWriter(path, "llama")
+    back = {}
     w.add_name("llama-tiny")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -252,7 +245,7 @@ def write_llama_tiny():
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_rope_dimension_count(cfg.head_dim)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
     w.add_token_scores([0.0] * cfg.vocab_size)
@@ -277,11 +270,54 @@ def write_llama_tiny():
                 x = hf_to_gguf_permute(x, cfg.num_key_value_heads)
         else:
             gname = names[parts[1]] + ".weight"
-        w.add_tensor(gname, np.ascontiguousarray(x))
+        x = np.ascontiguousarray(x)
+        if quantize and x.ndim == 2 and x.shape[1] % 32 == 0:
+            q = gguf.quants.quantize(x, T.Q8_0)
+            w.add_tensor(gname, q, raw_dtype=T.Q8_0)
+            d = gguf.quants.dequantize(q, T.Q8_0)
+        else:
+            w.add_tensor(gname, x)
+            d = x
+        if parts[0] != "lm_head" and parts[1] == "layers" and sub in ("self_attn.q_proj", "self_attn.k_proj"):
+            heads = cfg.num_attention_heads if sub == "self_attn.q_proj" else cfg.num_key_value_heads
+            assert np.array_equal(gguf_to_hf_permute(x, heads), t.float().numpy())
+            d = gguf_to_hf_permute(d, heads)
+        back[name] = np.ascontiguousarray(d)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return back
+
+
+def write_llama_tiny():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(52)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # larger than the 0.02 init, so the logits differ visibly between layouts
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    folder = os.path.join(OUT, "llama-tiny")
+    model.save_pretrained(folder, safe_serialization=True)
+
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "llama-tiny.logits.safetensors"))
+
+    write_llama_gguf(os.path.join(OUT, "llama-tiny.gguf"), cfg, model, quantize=False)
+    back = write_llama_gguf(os.path.join(OUT, "llama-tiny-q8_0.gguf"), cfg, model, quantize=True)
+    qmodel = LlamaForCausalLM(cfg).eval()
+    qmodel.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    with torch.no_grad():
+        qlogits = qmodel(ids).logits.float()
+    assert (qlogits - logits).abs().max() > 1e-3  # the quantization shows
+    save_file({"input_ids": ids.numpy(), "logits": qlogits.numpy()}, os.path.join(OUT, "llama-tiny-q8_0.logits.safetensors"))
 
 
 def main():

@@ -91,6 +91,20 @@ TEST(GgufModel, LogitsEqualTransformersAndSafetensorsModel) {
   EXPECT_TRUE(flex_test::close(flex::from_pretrained(gguf_path(), copy)->logits(ids), want, 0, 1e-5));
 }
 
+// A Q8_0 GGUF (gguf-py quantized every matrix of whole 32-blocks): logits
+// equal Transformers' with the weights gguf-py dequantizes from the file.
+TEST(GgufModel, Q8_0LogitsEqualTransformersWithGgufPyDequantizedWeights) {
+  const std::string path = data_path("gguf/llama-tiny-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  int q8 = 0;
+  for (const auto& n : f->tensor_names()) q8 += f->tensor(n).type == 8;
+  EXPECT_GE(q8, 10);
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/llama-tiny-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  const at::Tensor lg = flex::from_pretrained(path)->logits(ref->get("input_ids"));
+  EXPECT_TRUE(flex_test::close(lg, ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());
