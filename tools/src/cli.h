@@ -110,7 +110,7 @@ std::vector<int64_t> parse_index_list(const std::string& flag, const std::string
 /// A size string ("200MB", "1GiB", bytes) -> bytes; UsageError naming the flag.
 int64_t parse_size(const std::string& flag, const std::string& text);
 
-/// IOError when `dir` is not a model folder with config.json.
+/// IOError when `dir` is neither a model folder with config.json nor a GGUF file.
 void require_model_dir(const std::string& dir);
 /// IOError when a file cannot be created at `path` (missing or unwritable folder).
 void require_writable_file(const std::string& path);

@@ -4,6 +4,8 @@
 #include "cli.h"
 
 #include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
+#include <flex/dispatch/gguf.h>
 #include <flex/models/model_checkpoint.h>
 #include <flex/quant/quantize_model.h>
 #include <flex/dispatch/atomic_file.h>
@@ -46,11 +48,13 @@ const std::vector<Flag>& convert_flags() {
 int run_convert(const std::vector<std::string>& argv) {
   Args args("convert", convert_flags(), argv);
   if (args.help()) {
-    std::cout << usage_text("convert", "MODEL_DIR --out DIR [--max-shard-size SIZE] [--dtype ...] [--offload-folder]",
+    std::cout << usage_text("convert", "MODEL_DIR|FILE.gguf --out DIR [--max-shard-size SIZE] [--dtype ...] [--offload-folder]",
                             convert_flags(),
                             "Rewrites a checkpoint: re-sharded safetensors (model.safetensors, or\n"
                             "model-0000i-of-0000n.safetensors + model.safetensors.index.json), optionally cast to\n"
-                            "another dtype, or an Accelerate offload folder. Tensor names are kept as stored.");
+                            "another dtype, or an Accelerate offload folder. Tensor names are kept as stored.\n"
+                            "A GGUF file is written as the Transformers folder it describes (config.json from its\n"
+                            "metadata, tensors dequantized to float32 under Transformers' names).");
     return 0;
   }
   set_log_level(args.get("--log-level"));
@@ -70,6 +74,31 @@ int run_convert(const std::vector<std::string>& argv) {
   if (fs::exists(*out) && fs::equivalent(dir, *out, ec))
     throw UsageError("--out must differ from MODEL_DIR");
   require_writable_dir(*out);
+
+  if (is_gguf_file(dir)) {
+    // A GGUF file: written as the Transformers folder it describes (config.json
+    // from its metadata, tensors dequantized under Transformers' names).
+    if (args.has("--quantize")) throw UsageError("--quantize does not apply to a GGUF file yet");
+    auto gguf = GgufFile::open(dir);
+    nlohmann::json cfg = gguf_config_json(*gguf);
+    std::vector<std::pair<std::string, at::Tensor>> tensors = gguf_state_dict(*gguf);
+    if (dtype) {
+      for (auto& [name, t] : tensors) t = t.to(*dtype);
+      cfg["torch_dtype"] = torch_dtype_name(*dtype);
+    }
+    Progress progress("writing", 1);
+    if (offload) {
+      offload_state_dict(*out, tensors);
+    } else {
+      save_sharded_safetensors(*out, tensors, shard);
+    }
+    progress.step();
+    write_file_atomic((fs::path(*out) / "config.json").string(), cfg.dump(2) + "\n");
+    if (log_level() >= LogLevel::Warn)
+      std::cerr << "flexmodel: wrote " << tensors.size() << " tensors and config.json from GGUF file " << dir << " to "
+                << *out << "\n";
+    return 0;
+  }
 
   // The model's view of the checkpoint (renamed, dropped, FP8 / MXFP4
   // dequantized) where the written folder is the model as loaded: when

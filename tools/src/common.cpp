@@ -7,6 +7,7 @@
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
 
 #include <fnmatch.h>
 #include <unistd.h>
@@ -177,6 +178,7 @@ std::string torch_dtype_name(at::ScalarType t) {
 
 // --- paths -------------------------------------------------------------------------
 void require_model_dir(const std::string& dir) {
+  if (is_gguf_file(dir)) return;  // a GGUF file holds the config and the weights
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw IOError("model directory '" + dir + "' does not exist");
   if (!fs::is_directory(dir, ec)) throw IOError("'" + dir + "' is not a directory (expected a model folder with config.json)");

@@ -1,0 +1,69 @@
+// The flexmodel command line on a GGUF file (tests/data/gguf, written by
+// scripts/golden/make_gguf.py): `capture` gives the captures of the
+// safetensors folder the GGUF was converted from, and `convert` writes the
+// GGUF back as that Transformers folder.
+#include "cli_util.h"
+
+#include <flex/dispatch/safetensors.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "test_util.h"
+
+using cli_test::run;
+using flex_test::data_path;
+
+namespace {
+
+const std::string kGguf = data_path("gguf/llama-tiny.gguf");
+const std::string kFolder = data_path("gguf/llama-tiny");
+const std::string kIds = data_path("gguf/llama-tiny.logits.safetensors");  // holds input_ids
+
+}  // namespace
+
+TEST(CliGguf, CaptureEqualsTheSafetensorsFolders) {
+  flex_test::TempDir tmp;
+  auto g = run({"capture", kGguf, "--input-ids", kIds, "--hook", "all", "--out", tmp.str("g.safetensors")});
+  ASSERT_EQ(g.code, 0) << g.err;
+  auto s = run({"capture", kFolder, "--input-ids", kIds, "--hook", "all", "--out", tmp.str("s.safetensors")});
+  ASSERT_EQ(s.code, 0) << s.err;
+  auto fg = flex::SafetensorsFile::open(tmp.str("g.safetensors"));
+  auto fs = flex::SafetensorsFile::open(tmp.str("s.safetensors"));
+  ASSERT_EQ(fg->names(), fs->names());
+  EXPECT_GE(fg->names().size(), 20u);
+  for (const auto& n : fs->names()) {
+    SCOPED_TRACE(n);
+    const at::Tensor a = fg->get(n), b = fs->get(n);
+    if (a.is_floating_point())
+      EXPECT_TRUE(flex_test::close(a, b, 0, 1e-5));
+    else
+      EXPECT_TRUE(flex_test::equal(a, b));
+  }
+}
+
+TEST(CliGguf, ConvertWritesTheTransformersFolder) {
+  flex_test::TempDir tmp;
+  auto r = run({"convert", kGguf, "--out", tmp.str("out")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto got = flex::SafetensorsFile::open(tmp.str("out/model.safetensors"));
+  auto want = flex::SafetensorsFile::open(kFolder + "/model.safetensors");
+  ASSERT_EQ(got->names().size(), want->names().size());
+  for (const auto& n : want->names()) {
+    SCOPED_TRACE(n);
+    EXPECT_TRUE(flex_test::equal(got->get(n), want->get(n)));
+  }
+  std::ifstream a(tmp.str("out/config.json")), b(kFolder + "/config.json");
+  const auto ca = nlohmann::json::parse(a), cb = nlohmann::json::parse(b);
+  for (const char* k : {"model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "vocab_size", "head_dim", "tie_word_embeddings"})
+    EXPECT_EQ(ca.at(k), cb.at(k)) << k;
+  // The written folder is a model folder: a capture on it runs.
+  auto c = run({"capture", tmp.str("out"), "--input-ids", kIds, "--hook", "model.layers.1", "--out", tmp.str("c.safetensors")});
+  EXPECT_EQ(c.code, 0) << c.err;
+  auto q = run({"convert", kGguf, "--out", tmp.str("q"), "--quantize", "int8"});
+  EXPECT_NE(q.code, 0);
+  EXPECT_NE(q.err.find("GGUF"), std::string::npos) << q.err;
+}
