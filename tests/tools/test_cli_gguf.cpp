@@ -67,3 +67,12 @@ TEST(CliGguf, ConvertWritesTheTransformersFolder) {
   EXPECT_NE(q.code, 0);
   EXPECT_NE(q.err.find("GGUF"), std::string::npos) << q.err;
 }
+
+TEST(CliGguf, InspectEqualsTheFolders) {
+  auto g = run({"inspect", kGguf});
+  ASSERT_EQ(g.code, 0) << g.err;
+  auto s = run({"inspect", kFolder});
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(g.out, s.out);
+  EXPECT_NE(g.out.find("LlamaForCausalLM"), std::string::npos) << g.out;
+}

@@ -4,6 +4,8 @@
 #include "cli.h"
 
 #include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
+#include <flex/dispatch/gguf.h>
 #include <flex/dispatch/auto_device_map.h>
 #include <flex/dispatch/module_sizes.h>
 #include <flex/dispatch/tied_parameters.h>
@@ -85,7 +87,8 @@ int run_inspect(const std::vector<std::string>& argv) {
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
   require_model_dir(dir);
 
-  const ModelConfig cfg = load_config(dir);
+  // A GGUF file's config comes from its metadata.
+  const ModelConfig cfg = is_gguf_file(dir) ? parse_config(gguf_config_json(*GgufFile::open(dir)), dir) : load_config(dir);
   std::shared_ptr<CausalLM> model;
   {
     // Parameters on meta; buffers real (they are tiny and sized as Accelerate sizes them).
@@ -94,7 +97,11 @@ int run_inspect(const std::vector<std::string>& argv) {
   }
   model->tie_weights();  // as from_pretrained does after init_empty_weights
   // Quantized layers (asked for, or as the checkpoint holds them) are sized as stored.
-  plan_quantized_layers(*model, dir, quantization_option(args), o.dtype.value_or(at::kFloat));
+  if (!is_gguf_file(dir)) {
+    plan_quantized_layers(*model, dir, quantization_option(args), o.dtype.value_or(at::kFloat));
+  } else if (args.has("--quantize")) {
+    throw UsageError("--quantize does not apply to a GGUF file yet");
+  }
 
   if (auto ns = args.get("--no-split")) {
     o.no_split_module_classes = *ns == "none" ? std::vector<std::string>{} : split_commas(*ns);
