@@ -20,6 +20,9 @@ them as the reference the C++ reader is checked against:
                              32-blocks quantized to Q8_0 by gguf-py (the rest F32)
     llama-tiny-q8_0.logits.safetensors  Transformers' logits with the weights
                              gguf-py dequantizes from that file
+  llama-tiny-tied-q8_0.gguf  a Llama with tied embeddings (no output.weight,
+                             as llama.cpp writes it), Q8_0, and its
+    .logits.safetensors      Transformers' logits with gguf-py's weights
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -257,6 +260,8 @@ def write_llama_gguf(path, cfg, model, quantize):
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
     for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # llama.cpp writes no output tensor for tied embeddings
         x = t.float().numpy()
         parts = name.split(".")
         if parts[0] == "lm_head":
@@ -318,6 +323,24 @@ def write_llama_tiny():
         qlogits = qmodel(ids).logits.float()
     assert (qlogits - logits).abs().max() > 1e-3  # the quantization shows
     save_file({"input_ids": ids.numpy(), "logits": qlogits.numpy()}, os.path.join(OUT, "llama-tiny-q8_0.logits.safetensors"))
+
+    # Tied embeddings.
+    tcfg = LlamaConfig(**{**cfg.to_dict(), "tie_word_embeddings": True})
+    tmodel = LlamaForCausalLM(tcfg).eval()
+    with torch.no_grad():
+        for p in tmodel.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "llama-tiny-tied-q8_0.gguf"), tcfg, tmodel, quantize=True)
+    assert "lm_head.weight" not in back
+    qt = LlamaForCausalLM(tcfg).eval()
+    missing, unexpected = qt.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    qt.tie_weights()
+    assert torch.equal(qt.lm_head.weight, torch.from_numpy(back["model.embed_tokens.weight"]))
+    with torch.no_grad():
+        tlogits = qt(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": tlogits.numpy()},
+              os.path.join(OUT, "llama-tiny-tied-q8_0.logits.safetensors"))
 
 
 def main():

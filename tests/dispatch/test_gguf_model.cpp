@@ -105,6 +105,18 @@ TEST(GgufModel, Q8_0LogitsEqualTransformersWithGgufPyDequantizedWeights) {
   EXPECT_TRUE(flex_test::close(lg, ref->get("logits"), 0, 1e-5));
 }
 
+// Tied embeddings: no output.weight in the file; the head is the embedding.
+TEST(GgufModel, TiedEmbeddingsLogitsEqualTransformers) {
+  const std::string path = data_path("gguf/llama-tiny-tied-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  EXPECT_FALSE(f->contains("output.weight"));
+  EXPECT_TRUE(flex::gguf_config_json(*f).at("tie_word_embeddings").get<bool>());
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/llama-tiny-tied-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());
