@@ -131,6 +131,24 @@ TEST(GgufModel, Errors) {
   flex::PretrainedOptions o;
   o.device_map_strategy = "auto";
   expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(gguf_path(), o); }, {gguf_path(), "device maps"});
+  // A tensor renamed to one llama has no place for; a block's tensor moved to
+  // a block past block_count; a metadata size the tensors do not have.
+  auto patched = [&](const std::string& name, const std::string& from, const std::string& to) {
+    std::string c = flex::read_file(gguf_path());
+    const size_t i = c.find(from);
+    EXPECT_NE(i, std::string::npos) << from;
+    c.replace(i, from.size(), to);
+    const std::string p = dir.str(name);
+    std::ofstream(p, std::ios::binary) << c;
+    return p;
+  };
+  const std::string odd = patched("odd.gguf", "blk.1.ffn_up.weight", "blk.1.ffn_uq.weight");
+  expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(odd); }, {odd, "'blk.1.ffn_uq.weight'"});
+  const std::string moved = patched("moved.gguf", "blk.1.ffn_up.weight", "blk.7.ffn_up.weight");
+  expect_error<flex::NotFoundError>([&] { flex::from_pretrained(moved); }, {moved, "model.layers.1.mlp.up_proj.weight"});
+  std::string ff = std::string("llama.feed_forward_length") + std::string("\x04\0\0\0", 4);
+  const std::string sized = patched("sized.gguf", ff + std::string("\x30", 1), ff + std::string("\x40", 1));
+  expect_error<flex::ShapeError>([&] { flex::from_pretrained(sized); }, {sized, "'blk.0.ffn_gate.weight'", "[48, 32]", "[64, 32]"});
   EXPECT_TRUE(flex::is_gguf_file(gguf_path()));
   EXPECT_FALSE(flex::is_gguf_file(hf_dir()));
   EXPECT_FALSE(flex::is_gguf_file(hf_dir() + "/config.json"));
