@@ -23,7 +23,7 @@ namespace flex {
 
 namespace {
 
-// llama.cpp's per-block tensor names -> Transformers' (Llama).
+// llama.cpp's per-block tensor names -> Transformers' (Llama, Qwen2).
 const std::map<std::string, std::string>& llama_block_names() {
   static const std::map<std::string, std::string> m = {
       {"attn_norm", "input_layernorm"},   {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
@@ -69,6 +69,25 @@ int64_t int_or(const GgufFile& f, const std::string& key, int64_t fallback) {
   return f.has(key) ? f.get_int(key) : fallback;
 }
 
+// What differs between the llama.cpp architectures read: the Transformers
+// model, and whether the converter permuted q/k rows (LlamaModel does, for
+// llama.cpp's GPT-J-style rope; Qwen2Model keeps the rotate-half layout, run
+// with NEOX rope).
+struct GgufArch {
+  const char* model_type;
+  const char* causal_lm_class;
+  bool permuted_qk;
+};
+
+const GgufArch* gguf_arch(const std::string& arch) {
+  static const std::map<std::string, GgufArch> m = {
+      {"llama", {"llama", "LlamaForCausalLM", true}},
+      {"qwen2", {"qwen2", "Qwen2ForCausalLM", false}},
+  };
+  auto it = m.find(arch);
+  return it == m.end() ? nullptr : &it->second;
+}
+
 }  // namespace
 
 bool is_gguf_file(const std::string& path) {
@@ -82,13 +101,14 @@ bool is_gguf_file(const std::string& path) {
 
 nlohmann::json gguf_config_json(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama")
+  const GgufArch* a = gguf_arch(arch);
+  if (!a)
     throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
-                           "'; flexmodel reads GGUF models of architecture 'llama' so far");
+                           "'; flexmodel reads GGUF models of architecture 'llama' and 'qwen2' so far");
   const std::string p = arch + ".";
   nlohmann::json c;
-  c["model_type"] = "llama";
-  c["architectures"] = {"LlamaForCausalLM"};
+  c["model_type"] = a->model_type;
+  c["architectures"] = {a->causal_lm_class};
   const int64_t hidden = f.get_int(p + "embedding_length");
   const int64_t heads = f.get_int(p + "attention.head_count");
   c["hidden_size"] = hidden;
@@ -117,8 +137,10 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
     c["vocab_size"] = f.tensor("token_embd.weight").shape.at(0);
   }
   c["tie_word_embeddings"] = !f.contains("output.weight");
-  c["attention_bias"] = f.contains("blk.0.attn_q.bias");
-  c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
+  if (arch == "llama") {  // Qwen2's q/k/v biases are part of its architecture
+    c["attention_bias"] = f.contains("blk.0.attn_q.bias");
+    c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
+  }
   c["hidden_act"] = "silu";
   c["torch_dtype"] = "float32";
   if (f.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
@@ -129,15 +151,16 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
 std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& f) {
   const nlohmann::json c = gguf_config_json(f);
   const int64_t heads = c["num_attention_heads"], kv_heads = c["num_key_value_heads"];
+  const bool permuted = gguf_arch(f.get_string("general.architecture"))->permuted_qk;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& g : f.tensor_names()) {
     const std::string name = llama_name(g);
     if (name.empty())
       throw UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
-                             "' has no counterpart in Transformers' Llama that flexmodel knows");
+                             "' has no counterpart in the Transformers model that flexmodel knows");
     at::Tensor t = f.dequantize(g);
-    if (name.find(".q_proj.") != std::string::npos) t = unpermute_rows(t, heads, f.path(), g);
-    if (name.find(".k_proj.") != std::string::npos) t = unpermute_rows(t, kv_heads, f.path(), g);
+    if (permuted && name.find(".q_proj.") != std::string::npos) t = unpermute_rows(t, heads, f.path(), g);
+    if (permuted && name.find(".k_proj.") != std::string::npos) t = unpermute_rows(t, kv_heads, f.path(), g);
     out.emplace_back(name, t);
   }
   return out;

@@ -20,6 +20,9 @@ them as the reference the C++ reader is checked against:
                              32-blocks quantized to Q8_0 by gguf-py (the rest F32)
     llama-tiny-q8_0.logits.safetensors  Transformers' logits with the weights
                              gguf-py dequantizes from that file
+  qwen2-tiny-q8_0.gguf       a random Qwen2 (q/k/v biases, tied embeddings) as
+                             llama.cpp writes it (arch qwen2: no q/k permutation),
+    .logits.safetensors      and Transformers' logits on gguf-py's weights
   llama-tiny-tied-q8_0.gguf  a Llama with tied embeddings (no output.weight,
                              as llama.cpp writes it), Q8_0, and its
     .logits.safetensors      Transformers' logits with gguf-py's weights
@@ -233,10 +236,13 @@ def gguf_to_hf_permute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(path, cfg, model, quantize):
+def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
     """`model` as llama.cpp's converter writes it; quantize: Q8_0 where rows are whole blocks.
-    Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order)."""
-    w = gguf.GGUFWriter(path, "llama")
+    Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order).
+    arch "llama" permutes q/k rows (LlamaModel.permute); "qwen2" does not (Qwen2Model keeps
+    Transformers' rotate-half layout, llama.cpp runs it with NEOX rope)."""
+    permute = arch == "llama"
+    w = gguf.GGUFWriter(path, arch)
     back = {}
     w.add_name("llama-tiny")
     w.add_context_length(cfg.max_position_embeddings)
@@ -247,7 +253,9 @@ def write_llama_gguf(path, cfg, model, quantize):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(cfg.head_dim)
+    if arch == "qwen2":
+        w.add_vocab_size(cfg.vocab_size)
+    w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
@@ -268,10 +276,10 @@ def write_llama_gguf(path, cfg, model, quantize):
             gname = "output.weight"
         elif parts[1] == "layers":
             sub = ".".join(parts[3:-1])
-            gname = f"blk.{parts[2]}.{per_layer[sub]}.weight"
-            if sub == "self_attn.q_proj":
+            gname = f"blk.{parts[2]}.{per_layer[sub]}.{parts[-1]}"
+            if permute and sub == "self_attn.q_proj":
                 x = hf_to_gguf_permute(x, cfg.num_attention_heads)
-            elif sub == "self_attn.k_proj":
+            elif permute and sub == "self_attn.k_proj":
                 x = hf_to_gguf_permute(x, cfg.num_key_value_heads)
         else:
             gname = names[parts[1]] + ".weight"
@@ -283,7 +291,7 @@ def write_llama_gguf(path, cfg, model, quantize):
         else:
             w.add_tensor(gname, x)
             d = x
-        if parts[0] != "lm_head" and parts[1] == "layers" and sub in ("self_attn.q_proj", "self_attn.k_proj"):
+        if permute and parts[0] != "lm_head" and parts[1] == "layers" and sub in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = cfg.num_attention_heads if sub == "self_attn.q_proj" else cfg.num_key_value_heads
             assert np.array_equal(gguf_to_hf_permute(x, heads), t.float().numpy())
             d = gguf_to_hf_permute(d, heads)
@@ -343,12 +351,37 @@ def write_llama_tiny():
               os.path.join(OUT, "llama-tiny-tied-q8_0.logits.safetensors"))
 
 
+def write_qwen2_tiny():
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(53)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "qwen2-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="qwen2")
+    assert any(k.endswith("q_proj.bias") for k in back)
+    q = Qwen2ForCausalLM(cfg).eval()
+    missing, unexpected = q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    q.tie_weights()
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    with torch.no_grad():
+        logits = q(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen2-tiny-q8_0.logits.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(52)
     write_types(rng)
     write_fuzz_seeds(rng)
     write_llama_tiny()
+    write_qwen2_tiny()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

@@ -117,6 +117,21 @@ TEST(GgufModel, TiedEmbeddingsLogitsEqualTransformers) {
   EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
 }
 
+// Qwen2 (arch qwen2: q/k/v biases, tied embeddings, q/k rows not permuted
+// by llama.cpp's converter), Q8_0: logits equal Transformers' on gguf-py's weights.
+TEST(GgufModel, Qwen2LogitsEqualTransformers) {
+  const std::string path = data_path("gguf/qwen2-tiny-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  const nlohmann::json c = flex::gguf_config_json(*f);
+  EXPECT_EQ(c.at("model_type"), "qwen2");
+  EXPECT_TRUE(f->contains("blk.0.attn_q.bias"));
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/qwen2-tiny-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  EXPECT_EQ(m->class_name(), "Qwen2ForCausalLM");
+  EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());
