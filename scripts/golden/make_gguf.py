@@ -92,7 +92,7 @@ def write_types(rng):
     add_all_value_types(w)
 
     refs = {}
-    rows, cols = 6, 512
+    rows, cols = 2, 512
 
     def add(name, data, qtype=None):
         if qtype is None:
