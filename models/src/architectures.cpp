@@ -22,8 +22,8 @@ using Arch = DecoderArch;
 // ---- shared pieces -------------------------------------------------------
 
 /// An entry of the Llama family: classes <prefix>ForCausalLM and
-/// <prefix>DecoderLayer, stages under "model", a model-level rotary_emb where
-/// the forward calls one.
+/// <prefix>DecoderLayer, stages under "model", the model-level rotary_emb
+/// the forward calls (Transformers 5).
 Architecture decoder_entry(const std::string& model_type, const Arch& arch) {
   Architecture a;
   a.model_type = model_type;
@@ -32,9 +32,7 @@ Architecture decoder_entry(const std::string& model_type, const Arch& arch) {
   a.causal_lm_class = arch.cls("ForCausalLM");
   a.block_class = arch.cls("DecoderLayer");
   a.names = {"model", "embed_tokens", "", "", "layers", "norm", "lm_head", "", "self_attn"};
-  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies ||
-      arch.rope == Arch::Rope::ModelPerLayerType)
-    a.names.rotary = "rotary_emb";
+  a.names.rotary = "rotary_emb";
   return a;
 }
 
@@ -96,11 +94,10 @@ Architecture llama() {
   return a;
 }
 
-// Sliding-window attention (config.sliding_window); RoPE in each layer.
+// Sliding-window attention (config.sliding_window).
 Architecture mistral() {
   Arch d;
   d.prefix = "Mistral";
-  d.rope = Arch::Rope::PerLayer;
   Architecture a = decoder_entry("mistral", d);
   a.defaults.max_position_embeddings = 4096 * 32;
   a.read_config = [](const ConfigReader& r, ModelConfig& c) {
@@ -140,13 +137,13 @@ Architecture qwen3() {
   return a;
 }
 
-// Sandwich norms with (1 + w) scales, embeddings * sqrt(hidden), scores
+// Sandwich norms with (1 + w) scales, embeddings * sqrt(hidden) after
+// embed_tokens (4.47; 5.x scales inside it: an open difference), scores
 // scaled by query_pre_attn_scalar and soft-capped, sliding window on even
 // layers, final logits soft-capped (all numbers from the config).
 Architecture gemma2() {
   Arch d;
   d.prefix = "Gemma2";
-  d.rope = Arch::Rope::PerLayer;
   d.norms = Arch::Norms::Sandwich;
   d.norm_scale = RMSNorm::Scale::OnePlusWeight;
   d.scale_embeddings = true;
@@ -173,7 +170,6 @@ Architecture gemma2() {
 Architecture phi3() {
   Arch d;
   d.prefix = "Phi3";
-  d.rope = Arch::Rope::PerLayer;
   d.fused_qkv = true;
   d.fused_gate_up = true;
   d.residual_dropouts = true;
@@ -196,7 +192,6 @@ Architecture phi3() {
 Architecture olmo2() {
   Arch d;
   d.prefix = "Olmo2";
-  d.rope = Arch::Rope::PerLayer;
   d.norms = Arch::Norms::Post;
   d.qk_norm = Arch::QKNorm::Projection;
   d.norm_scale = RMSNorm::Scale::WeightThenCast;
@@ -207,12 +202,12 @@ Architecture olmo2() {
 }
 
 // Mistral with a sparse MoE block (mlp: experts w1 gate, w3 up, w2 down,
-// top-k weights renormalised) and rotary tables in each layer. Checkpoints
+// top-k weights renormalised); 4.47's per-layer rotary tables kept idle. Checkpoints
 // (and Transformers 4) call the block block_sparse_moe; Transformers 5 mlp.
 Architecture mixtral() {
   Arch d;
   d.prefix = "Mixtral";
-  d.rope = Arch::Rope::PerLayerTables;
+  d.rope = Arch::Rope::ModelWithIdleLayerTables;
   d.expert.cls = "MixtralBlockSparseTop2MLP";
   d.expert.gate = "w1", d.expert.up = "w3", d.expert.down = "w2";
   d.expert.down_before_up = true;

@@ -36,11 +36,12 @@ std::shared_ptr<RMSNorm> rms_norm(const Arch& arch, const ModelConfig& cfg, int6
   return std::make_shared<RMSNorm>(dim, cfg.norm_eps, arch.cls("RMSNorm"), opts, arch.norm_scale);
 }
 
-std::shared_ptr<RotaryEmbedding> rotary(const Arch& arch, const ModelConfig& cfg) {
-  if (arch.rope == Arch::Rope::PerLayerTables)
+// The model's rotary module, or (per_layer) the idle per-layer copy 4.47 had.
+std::shared_ptr<RotaryEmbedding> rotary(const Arch& arch, const ModelConfig& cfg, bool per_layer) {
+  if (per_layer && arch.rope == Arch::Rope::ModelWithIdleLayerTables)
     return std::make_shared<CachedRotaryEmbedding>(arch.cls("RotaryEmbedding"), cfg, cfg.head_dim);
-  // Transformers 4.47 gives Phi-3's longrope module its own class.
-  const std::string cls = arch.prefix == "Phi3" && cfg.rope_scaling.rope_type == "longrope"
+  // Transformers 4.47 gave Phi-3's per-layer longrope module its own class.
+  const std::string cls = per_layer && arch.prefix == "Phi3" && cfg.rope_scaling.rope_type == "longrope"
                               ? "Phi3LongRoPEScaledRotaryEmbedding"
                               : arch.cls("RotaryEmbedding");
   auto r = std::make_shared<RotaryEmbedding>(cls, cfg, cfg.head_dim);
@@ -86,8 +87,8 @@ DecoderAttention::DecoderAttention(const Arch& arch, const ModelConfig& cfg, int
   if (arch.attention_sinks) {
     add_parameter("sinks", sinks, at::zeros({h}, opts));
   }
-  if (arch.rope != Arch::Rope::Model && arch.rope != Arch::Rope::ModelPerLayerType)
-    rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.rope == Arch::Rope::ModelWithIdleLayerCopies || arch.rope == Arch::Rope::ModelWithIdleLayerTables)
+    rotary_emb = add("rotary_emb", rotary(arch, cfg, /*per_layer=*/true));  // never called
   if (arch.qk_norm != Arch::QKNorm::None) {
     const bool whole = arch.qk_norm == Arch::QKNorm::Projection;
     q_norm = add("q_norm", rms_norm(arch, cfg, whole ? h * d : d, opts));
@@ -137,27 +138,8 @@ Value DecoderAttention::forward(Inputs inputs) {
     v = (*v_proj)(x).view({b, t, kvh, d}).transpose(1, 2);
   }
 
-  at::Tensor cos = call.cos, sin = call.sin;
-  if (arch_.rope == Arch::Rope::PerLayer || arch_.rope == Arch::Rope::PerLayerTables) {
-    const int64_t past = call.cache ? call.cache->seq_length(layer_idx_) : 0;
-    at::Tensor pos = call.position_ids;
-    if (!pos.defined())
-      pos = at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(0);
-    if (arch_.rope == Arch::Rope::PerLayer) {
-      const Value cs = (*rotary_emb)(Inputs{v, pos});
-      cos = cs.toTupleRef().elements()[0].toTensor();
-      sin = cs.toTupleRef().elements()[1].toTensor();
-    } else {
-      // Tables of the first past + t positions, rows picked by position.
-      const Value cs = (*rotary_emb)(Inputs{v, Value(past + t)});
-      const at::Tensor flat = pos.reshape({-1}).to(x.device());
-      auto pick = [&](const at::Tensor& table) {
-        return table.index_select(0, flat).view({pos.size(0), pos.size(1), table.size(-1)});
-      };
-      cos = pick(cs.toTupleRef().elements()[0].toTensor());
-      sin = pick(cs.toTupleRef().elements()[1].toTensor());
-    }
-  }
+  const at::Tensor& cos = call.cos;
+  const at::Tensor& sin = call.sin;
   if (!cos.defined())
     throw NotFoundError(class_name() + " layer " + std::to_string(layer_idx_) +
                         ": position_embeddings (cos, sin) is required; call it through its decoder layer / model");
@@ -306,8 +288,7 @@ DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::T
   layers = add("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(arch, cfg, i, opts));
   norm = add("norm", rms_norm(arch, cfg, cfg.hidden_size, opts));
-  if (arch.rope == Arch::Rope::Model || arch.rope == Arch::Rope::ModelWithIdleLayerCopies)
-    rotary_emb = add("rotary_emb", rotary(arch, cfg));
+  if (arch.rope != Arch::Rope::ModelPerLayerType) rotary_emb = add("rotary_emb", rotary(arch, cfg, /*per_layer=*/false));
   if (arch.rope == Arch::Rope::ModelPerLayerType)
     rotary_emb = add("rotary_emb", std::make_shared<LayerTypeRotaryEmbedding>(arch.cls("RotaryEmbedding"), cfg,
                                                                               cfg.head_dim));

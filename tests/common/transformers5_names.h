@@ -5,11 +5,17 @@
 // 5.23 name here, in one place:
 //   Mixtral's sparse block  model.layers.N.block_sparse_moe  -> model.layers.N.mlp
 //   GPT-NeoX's head         embed_out                        -> lm_head
-// (Modules 5.23 moved or rebuilt, such as the per-layer rotary_emb that 5.23
-// computes once in model.rotary_emb, are not renames: the fixtures keep them.)
+// One module moved: where 4.47 called a self_attn.rotary_emb in each layer
+// and had no model.rotary_emb (Mistral, Gemma 2, Phi-3, OLMo 2, Mixtral),
+// 5.23 (and flexmodel) calls model.rotary_emb once, after the embedding, and
+// the per-layer modules stay idle. transformers5_golden() and
+// transformers5_tensor_names() read a golden that way.
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace flex_test {
 
@@ -37,6 +43,100 @@ inline nlohmann::json transformers5_names(const nlohmann::json& j) {
     return out;
   }
   return j;
+}
+
+inline bool per_layer_rotary(const std::string& name) {
+  static const std::regex r(R"(model\.layers\.\d+\.self_attn\.rotary_emb)");
+  return std::regex_match(name, r);
+}
+
+/// A first-wave golden json (renamed) read as 5.23 runs the model: the
+/// per-layer rotary calls replaced by one model.rotary_emb call after
+/// model.embed_tokens, which saves layer 0's outputs where they have 5.23's
+/// [1, T, D] shape (Mixtral's 4.47 [T, D] tables are not 5.23's output: it
+/// saves none); the per-layer modules listed as never called; model.rotary_emb
+/// and its inv_freq in the module tree after model.norm.
+inline nlohmann::json transformers5_golden(const nlohmann::json& golden) {
+  nlohmann::json g = transformers5_names(golden);
+  if (!g.contains("modules_in_execution_order")) return g;
+  auto& order = g["modules_in_execution_order"];
+  for (const auto& e : order)
+    if (e["name"] == "model.rotary_emb") return g;
+  nlohmann::json kept = nlohmann::json::array(), moved, idle = nlohmann::json::array();
+  for (const auto& e : order) {
+    if (!per_layer_rotary(e["name"].get<std::string>())) {
+      kept.push_back(e);
+      continue;
+    }
+    idle.push_back(e["name"]);
+    if (!moved.is_null()) continue;
+    moved = e;
+    moved["name"] = "model.rotary_emb";
+    if (moved["class"] == "Phi3LongRoPEScaledRotaryEmbedding") moved["class"] = "Phi3RotaryEmbedding";
+    nlohmann::json saved = nlohmann::json::array();
+    for (auto s : e["saved"])
+      if (s["shape"].size() == 3) {
+        s["key"] = s["element"].get<int>() == 0 ? "model.rotary_emb" : "model.rotary_emb#out" + std::to_string(s["element"].get<int>());
+        saved.push_back(s);
+      }
+    moved["saved"] = saved;
+  }
+  if (moved.is_null()) return g;
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& e : kept) {
+    out.push_back(e);
+    if (e["name"] == "model.embed_tokens") out.push_back(moved);
+  }
+  order = out;
+  for (const auto& n : idle) g["modules_never_called"].push_back(n);
+  if (g.contains("named_modules")) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& e : g["named_modules"]) {
+      names.push_back(e);
+      const std::string n = e.is_string() ? e.get<std::string>() : e[0].get<std::string>();
+      if (n == "model.norm") {
+        if (e.is_string()) names.push_back("model.rotary_emb");
+        else names.push_back(nlohmann::json::array({"model.rotary_emb", moved["class"]}));
+      }
+    }
+    g["named_modules"] = names;
+  }
+  if (g.contains("buffers"))
+    for (auto b : g["buffers"])
+      if (b["name"] == "model.layers.0.self_attn.rotary_emb.inv_freq") {
+        b["name"] = "model.rotary_emb.inv_freq";
+        g["buffers"].push_back(b);
+        break;
+      }
+  return g;
+}
+
+/// A first-wave golden file's tensor names as 5.23 names them: renamed, and
+/// (where the rotary module moved, as transformers5_golden) layer 0's
+/// [1, T, D] rotary outputs read as model.rotary_emb's, the other layers'
+/// left out. `rank` gives a stored tensor's number of dims. Stored name ->
+/// 5.23 name, for the tensors that have one.
+template <typename RankOf>
+std::vector<std::pair<std::string, std::string>> transformers5_tensor_names(const std::vector<std::string>& stored,
+                                                                            RankOf rank) {
+  bool moved = false, model_level = false;
+  for (const auto& k : stored) {
+    const std::string n = transformers5_name(k);
+    moved = moved || per_layer_rotary(n.substr(0, n.find('#')));
+    model_level = model_level || n == "model.rotary_emb";
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& k : stored) {
+    std::string n = transformers5_name(k);
+    const size_t hash = n.find('#');
+    const std::string module = n.substr(0, hash);
+    if (moved && !model_level && per_layer_rotary(module)) {
+      if (module != "model.layers.0.self_attn.rotary_emb" || rank(k) != 3) continue;
+      n = "model.rotary_emb" + (hash == std::string::npos ? std::string() : n.substr(hash));
+    }
+    out.emplace_back(k, n);
+  }
+  return out;
 }
 
 }  // namespace flex_test

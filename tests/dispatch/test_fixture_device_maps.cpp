@@ -42,6 +42,15 @@ Fixture load(const std::string& name) {
     f.model = flex::build_causal_lm(cfg);
   }
   f.model->tie_weights();
+  // Transformers 5 computes RoPE once in the base model's rotary_emb, which
+  // 4.47 (these fixtures) had only per layer for Mistral, Gemma 2, Phi-3,
+  // OLMo 2 and Mixtral: plan over the tree the maps were recorded on.
+  const std::string rotary = f.model->base_model_prefix() + ".rotary_emb";
+  bool recorded = false;
+  for (const auto& p : f.data["compute_module_sizes"]["sizes"]) recorded = recorded || p[0] == rotary;
+  auto base = f.model->base_model();
+  for (const auto& [name, child] : base->named_flex_children())
+    if (!recorded && name == "rotary_emb") base->unregister_module(name);
   return f;
 }
 

@@ -30,17 +30,18 @@ inline nlohmann::json read_json(const std::string& path) {
 }
 
 inline std::string model_dir(const std::string& name) { return flex_test::fixture("models/" + name); }
-/// A first-wave golden json, its module names read as Transformers 5.23's (transformers5_names.h).
+/// A first-wave golden json read as Transformers 5.23 names and runs the model (transformers5_names.h).
 inline nlohmann::json golden_json(const std::string& golden) {
-  return flex_test::transformers5_names(read_json(flex_test::fixture("golden/" + golden + ".json")));
+  return flex_test::transformers5_golden(read_json(flex_test::fixture("golden/" + golden + ".json")));
 }
 /// A first-wave golden safetensors file whose tensors are named as Transformers 5.23 names the modules.
 class GoldenTensors {
  public:
   explicit GoldenTensors(const std::string& path) : file_(flex::SafetensorsFile::open(path)) {
-    for (const auto& stored : file_->names()) {
-      names_.push_back(flex_test::transformers5_name(stored));
-      stored_[names_.back()] = stored;
+    const auto rank = [&](const std::string& k) { return file_->info(k).shape.size(); };
+    for (const auto& [stored, name] : flex_test::transformers5_tensor_names(file_->names(), rank)) {
+      names_.push_back(name);
+      stored_[name] = stored;
     }
   }
   const std::vector<std::string>& names() const { return names_; }

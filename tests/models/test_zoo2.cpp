@@ -243,8 +243,11 @@ TEST(Phi3, LongropeFollowsItsFormula) {
     c["original_max_position_embeddings"] = 4;
   });
   auto model = load_pretrained(dir.str(), at::kFloat);
-  auto rot = model->get_submodule("model.layers.0.self_attn.rotary_emb");
-  EXPECT_EQ(rot->class_name(), "Phi3LongRoPEScaledRotaryEmbedding");
+  // Transformers 5 computes it once in model.rotary_emb (4.47's per-layer
+  // Phi3LongRoPEScaledRotaryEmbedding stays, never called).
+  EXPECT_EQ(model->get_submodule("model.layers.0.self_attn.rotary_emb")->class_name(), "Phi3LongRoPEScaledRotaryEmbedding");
+  auto rot = model->get_submodule("model.rotary_emb");
+  EXPECT_EQ(rot->class_name(), "Phi3RotaryEmbedding");
   at::Tensor cos;
   auto h = rot->register_forward_hook([&](Module&, const Inputs&, Value& out) { cos = out.toTupleRef().elements()[0].toTensor(); });
   const double scale = std::sqrt(1.0 + std::log(64.0 / 4.0) / std::log(4.0));

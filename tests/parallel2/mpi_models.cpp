@@ -47,7 +47,8 @@ std::vector<std::string> hooked_modules(const std::string& model, const std::str
   std::vector<std::string> out;
   for (const auto& m : j["modules_in_execution_order"]) {
     const std::string name = m["name"];
-    if (!name.empty() && name != base) out.push_back(name);
+    // (Modules whose outputs the golden does not hold, Mixtral's model.rotary_emb, left out.)
+    if (!name.empty() && name != base && !m["saved"].empty()) out.push_back(name);
   }
   return out;
 }

@@ -35,10 +35,16 @@ def test_init_empty_weights_builds_on_meta_and_from_config_does_not():
 def scenarios():
     for path in sorted((DATA / "device_maps").glob("*.json")):
         fixture = transformers5_names(json.loads(path.read_text()))
+        # 4.47 (these fixtures) computed RoPE per layer in Mistral, Gemma 2, Phi-3, OLMo 2 and Mixtral; flexmodel
+        # follows Transformers 5 with a model.rotary_emb beside the idle per-layer modules, which changes the
+        # sizes planned. The C++ dispatch_fixture_device_maps plans over the recorded tree (without it).
+        sizes = {n for n, _ in fixture["compute_module_sizes"]["sizes"]}
+        moved = "model.rotary_emb" not in sizes and any(n.endswith("self_attn.rotary_emb") for n in sizes)
+        marks = [pytest.mark.skip(reason="4.47 tree without model.rotary_emb: planned in C++ on that tree")] if moved else []
         for s in fixture["scenarios"]:
             if "error" in s:  # Accelerate raised; our planner's answer there is checked by the C++ tests
                 continue
-            yield pytest.param(path.stem, fixture["config_file"], s, id=f"{path.stem}-{s['tag']}")
+            yield pytest.param(path.stem, fixture["config_file"], s, id=f"{path.stem}-{s['tag']}", marks=marks)
 
 
 @pytest.mark.parametrize("name,config_file,scenario", list(scenarios()))

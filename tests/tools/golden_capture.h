@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 namespace cli_test {
@@ -17,6 +18,9 @@ namespace cli_test {
 inline void expect_matches_golden(const std::string& out_path, const std::string& golden) {
   auto out = flex::SafetensorsFile::open(out_path);
   auto ref = models_test::golden_tensors(golden);
+  std::set<std::string> called;
+  const auto gj = models_test::golden_json(golden);
+  for (const auto& m : gj["modules_in_execution_order"]) called.insert(m["name"].get<std::string>());
   size_t compared = 0;
   for (const auto& n : ref->names()) {
     if (n.empty() || n.find('#') != std::string::npos) continue;
@@ -35,7 +39,9 @@ inline void expect_matches_golden(const std::string& out_path, const std::string
       EXPECT_EQ(out->get(n).size(0), ref->get(base).size(0)) << n;
       continue;
     }
-    EXPECT_TRUE(ref->contains(n)) << golden << ": unexpected capture " << n;
+    // A module the golden forward called whose values it did not record
+    // (Mixtral's model.rotary_emb: 4.47 computed tables per layer instead).
+    EXPECT_TRUE(ref->contains(n) || called.count(n)) << golden << ": unexpected capture " << n;
   }
   EXPECT_GT(compared, 15u);
 }

@@ -45,14 +45,15 @@ struct DecoderArch {
   /// Class-name prefix: "Llama" gives LlamaForCausalLM, LlamaModel, ...
   std::string prefix;
 
-  /// Where cos/sin come from: one model.rotary_emb (with per-layer copies
-  /// that 4.47 keeps but never calls: Llama, Qwen2), one model.rotary_emb only
-  /// (Qwen3), or each self_attn.rotary_emb, called after the projections
-  /// (Mistral, Gemma 2, Phi-3, OLMo 2), or each self_attn.rotary_emb as
-  /// precomputed cos/sin tables over positions (Mixtral, CachedRotaryEmbedding).
-  /// ModelPerLayerType: one model.rotary_emb with a setting per layer type,
-  /// called once per type present (Transformers 5's Gemma 3, OLMo 3).
-  enum class Rope { Model, ModelWithIdleLayerCopies, PerLayer, PerLayerTables, ModelPerLayerType };
+  /// Where cos/sin come from. Always one model.rotary_emb, called once per
+  /// forward as in Transformers 5 (ModelPerLayerType: with a setting per
+  /// layer type, called once per type present: Gemma 3, OLMo 3). Beside it,
+  /// architectures that Transformers 4.47 gave a self_attn.rotary_emb keep
+  /// that per-layer module, never called (its 4.47 tree, which the
+  /// first-wave fixtures and Accelerate device maps of 4.x checkpoints
+  /// name): a plain copy (Llama, Qwen2, Mistral, Gemma 2, Phi-3, OLMo 2) or
+  /// its cos/sin tables (Mixtral, CachedRotaryEmbedding).
+  enum class Rope { Model, ModelWithIdleLayerCopies, ModelWithIdleLayerTables, ModelPerLayerType };
   Rope rope = Rope::ModelWithIdleLayerCopies;
 
   /// q/k RMSNorms: over the whole projection before the head split (OLMo 2),
@@ -76,9 +77,9 @@ struct DecoderArch {
   std::string act_name = "act_fn";  // the MLP's activation child ("activation_fn" in Phi-3)
   RMSNorm::Scale norm_scale = RMSNorm::Scale::Weight;
   bool scale_embeddings = false;    // embeddings * sqrt(hidden), in the hidden dtype (Gemma)
-  /// Where the scale is applied: after the lookup (Gemma 2) or inside
-  /// embed_tokens, a module of this class (Gemma 3's
-  /// Gemma3TextScaledWordEmbedding), so a hook on it sees scaled embeddings.
+  /// Where the scale is applied: after the lookup (empty) or inside
+  /// embed_tokens, a module of this class (Transformers 5's
+  /// Gemma2/Gemma3TextScaledWordEmbedding), so a hook on it sees scaled embeddings.
   std::string scaled_embedding_class;
   /// Scores as q.k * scale (Gemma 2, Qwen3) instead of q.k / sqrt(head_dim):
   /// the same number up to rounding, kept to match bit for bit.
