@@ -137,13 +137,14 @@ Architecture qwen3() {
   return a;
 }
 
-// Sandwich norms with (1 + w) scales, embeddings * sqrt(hidden) after
-// embed_tokens (4.47; 5.x scales inside it: an open difference), scores
+// Sandwich norms with (1 + w) scales, embeddings * sqrt(hidden) inside
+// embed_tokens (Transformers 5's Gemma2TextScaledWordEmbedding), scores
 // scaled by query_pre_attn_scalar and soft-capped, sliding window on even
 // layers, final logits soft-capped (all numbers from the config).
 Architecture gemma2() {
   Arch d;
   d.prefix = "Gemma2";
+  d.scaled_embedding_class = "Gemma2TextScaledWordEmbedding";
   d.norms = Arch::Norms::Sandwich;
   d.norm_scale = RMSNorm::Scale::OnePlusWeight;
   d.scale_embeddings = true;

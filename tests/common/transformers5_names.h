@@ -50,7 +50,10 @@ inline bool per_layer_rotary(const std::string& name) {
   return std::regex_match(name, r);
 }
 
-/// A first-wave golden json (renamed) read as 5.23 runs the model: the
+/// A first-wave golden json (renamed) read as 5.23 runs the model: Gemma 2's
+/// embed_tokens scales inside (5.23's Gemma2TextScaledWordEmbedding), so its
+/// 4.47 output (unscaled) is not 5.23's: the call stays, with nothing saved;
+/// the
 /// per-layer rotary calls replaced by one model.rotary_emb call after
 /// model.embed_tokens, which saves layer 0's outputs where they have 5.23's
 /// [1, T, D] shape (Mixtral's 4.47 [T, D] tables are not 5.23's output: it
@@ -60,6 +63,18 @@ inline nlohmann::json transformers5_golden(const nlohmann::json& golden) {
   nlohmann::json g = transformers5_names(golden);
   if (!g.contains("modules_in_execution_order")) return g;
   auto& order = g["modules_in_execution_order"];
+  if (g.value("class", "") == "Gemma2ForCausalLM") {
+    for (auto& e : order)
+      if (e["name"] == "model.embed_tokens") {
+        e["class"] = "Gemma2TextScaledWordEmbedding";
+        e["saved"] = nlohmann::json::array();
+      }
+    if (g.contains("named_modules"))
+      for (auto& e : g["named_modules"])
+        if (e.is_array() && e[0] == "model.embed_tokens") e[1] = "Gemma2TextScaledWordEmbedding";
+    if (g.contains("buffers"))
+      g["buffers"].push_back({{"name", "model.embed_tokens.embed_scale"}, {"shape", nlohmann::json::array()}, {"dtype", "float32"}});
+  }
   for (const auto& e : order)
     if (e["name"] == "model.rotary_emb") return g;
   nlohmann::json kept = nlohmann::json::array(), moved, idle = nlohmann::json::array();
@@ -114,11 +129,12 @@ inline nlohmann::json transformers5_golden(const nlohmann::json& golden) {
 /// A first-wave golden file's tensor names as 5.23 names them: renamed, and
 /// (where the rotary module moved, as transformers5_golden) layer 0's
 /// [1, T, D] rotary outputs read as model.rotary_emb's, the other layers'
-/// left out. `rank` gives a stored tensor's number of dims. Stored name ->
-/// 5.23 name, for the tensors that have one.
+/// left out; `gemma2`: its unscaled embed_tokens output left out. `rank`
+/// gives a stored tensor's number of dims. Stored name -> 5.23 name, for the
+/// tensors that have one.
 template <typename RankOf>
 std::vector<std::pair<std::string, std::string>> transformers5_tensor_names(const std::vector<std::string>& stored,
-                                                                            RankOf rank) {
+                                                                            RankOf rank, bool gemma2 = false) {
   bool moved = false, model_level = false;
   for (const auto& k : stored) {
     const std::string n = transformers5_name(k);
@@ -128,6 +144,7 @@ std::vector<std::pair<std::string, std::string>> transformers5_tensor_names(cons
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& k : stored) {
     std::string n = transformers5_name(k);
+    if (gemma2 && n == "model.embed_tokens") continue;
     const size_t hash = n.find('#');
     const std::string module = n.substr(0, hash);
     if (moved && !model_level && per_layer_rotary(module)) {

@@ -10,6 +10,7 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
+#include <flex/models/decoder.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,22 @@ Fixture load(const std::string& name) {
   auto base = f.model->base_model();
   for (const auto& [name, child] : base->named_flex_children())
     if (!recorded && name == "rotary_emb") base->unregister_module(name);
+  // 5.x's Gemma 2 scales inside embed_tokens, a module with a 4-byte
+  // embed_scale buffer; 4.47's was a plain Embedding (the same weight, tied).
+  bool scale_recorded = false;
+  for (const auto& p : f.data["compute_module_sizes"]["sizes"]) scale_recorded = scale_recorded || p[0] == "model.embed_tokens.embed_scale";
+  std::shared_ptr<flex::ScaledEmbedding> scaled;
+  for (const auto& [name, child] : base->named_flex_children())
+    if (name == "embed_tokens") scaled = std::dynamic_pointer_cast<flex::ScaledEmbedding>(child);
+  if (scaled && !scale_recorded) {
+    std::shared_ptr<flex::Embedding> plain;
+    {
+      flex::EmptyInit scope(/*include_buffers=*/false);
+      plain = std::make_shared<flex::Embedding>(scaled->weight.size(0), scaled->weight.size(1));
+    }
+    plain->set_tensor("weight", scaled->weight);  // the same tensor: still tied to lm_head
+    base->replace_module("embed_tokens", plain);
+  }
   return f;
 }
 

@@ -37,9 +37,9 @@ inline nlohmann::json golden_json(const std::string& golden) {
 /// A first-wave golden safetensors file whose tensors are named as Transformers 5.23 names the modules.
 class GoldenTensors {
  public:
-  explicit GoldenTensors(const std::string& path) : file_(flex::SafetensorsFile::open(path)) {
+  GoldenTensors(const std::string& path, bool gemma2) : file_(flex::SafetensorsFile::open(path)) {
     const auto rank = [&](const std::string& k) { return file_->info(k).shape.size(); };
-    for (const auto& [stored, name] : flex_test::transformers5_tensor_names(file_->names(), rank)) {
+    for (const auto& [stored, name] : flex_test::transformers5_tensor_names(file_->names(), rank, gemma2)) {
       names_.push_back(name);
       stored_[name] = stored;
     }
@@ -59,7 +59,7 @@ class GoldenTensors {
   std::map<std::string, std::string> stored_;
 };
 inline std::shared_ptr<GoldenTensors> golden_tensors(const std::string& golden) {
-  return std::make_shared<GoldenTensors>(flex_test::fixture("golden/" + golden + ".safetensors"));
+  return std::make_shared<GoldenTensors>(flex_test::fixture("golden/" + golden + ".safetensors"), golden == "gemma2");
 }
 /// tests/data/golden5/<rel>: the Transformers 5.23 goldens.
 inline std::string golden5(const std::string& rel) { return flex_test::data_path("golden5/" + rel); }

@@ -30,17 +30,19 @@ def transformers5_names(obj):
     return obj
 
 
-def transformers5_tensor_names(keys, rank):
+def transformers5_tensor_names(keys, rank, gemma2=False):
     """A first-wave golden file's tensor names as 5.23 names them ({stored: name}); the same rule as
     tests/common/transformers5_names.h: renamed, and where 4.47 computed RoPE per layer (no model.rotary_emb),
     layer 0's [1, T, D] rotary outputs read as model.rotary_emb's and the other layers' left out.
-    rank(key) gives a stored tensor's number of dims."""
+    rank(key) gives a stored tensor's number of dims; gemma2: its (4.47, unscaled) embed_tokens output left out."""
     per_layer = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb")
     names = {k: transformers5_name(k) for k in keys}
     moved = any(per_layer.fullmatch(n.split("#")[0]) for n in names.values())
     model_level = "model.rotary_emb" in names.values()
     out = {}
     for k, n in names.items():
+        if gemma2 and n == "model.embed_tokens":
+            continue
         module, _, element = n.partition("#")
         if moved and not model_level and per_layer.fullmatch(module):
             if module != "model.layers.0.self_attn.rotary_emb" or rank(k) != 3:
