@@ -58,7 +58,14 @@ void FlexModel::detach(const HookFunction* hook) {
 
 namespace {
 // The positional arguments as one tuple, so the same leaf logic applies.
-Value args_as_value(const Inputs& in) { return c10::ivalue::Tuple::create(in.args); }
+// What a forward pre-hook sees: the positional arguments, then the keyword
+// ones in call order (as a Transformers pre-hook registered with_kwargs; a
+// base model is called with input_ids by keyword).
+Value args_as_value(const Inputs& in) {
+  std::vector<Value> all = in.args;
+  for (const auto& kv : in.kwargs) all.push_back(kv.second);
+  return c10::ivalue::Tuple::create(std::move(all));
+}
 
 // Applies `fn` to the unpack_idx-th tensor leaf of `v`, rebuilding `v` when it changed.
 Value process_leaf(const HookFunction& hook, const Value& v,
@@ -78,6 +85,7 @@ Value process_leaf(const HookFunction& hook, const Value& v,
 void set_args(Inputs& in, const Value& tuple) {
   auto elems = tuple.toTupleRef().elements();
   for (size_t i = 0; i < in.args.size(); ++i) in.args[i] = elems[i];
+  for (size_t i = 0; i < in.kwargs.size(); ++i) in.kwargs[i].second = elems[in.args.size() + i];
 }
 }  // namespace
 

@@ -55,6 +55,11 @@ std::optional<ModuleSharding> ParallelRouter::sharding(const Module& m) const {
   return std::nullopt;
 }
 
+bool ParallelRouter::batchless(const HookFunction& hook, const Module& m) const {
+  if (!layout_) return false;
+  return hook.type() == HookType::ForwardPre ? layout_->batchless_input(m) : layout_->batchless(m);
+}
+
 ShardSpec ParallelRouter::hook_spec(const HookFunction& hook, const Module& m) const {
   switch (hook.type()) {
     case HookType::Forward: return output_spec(m);
@@ -101,7 +106,7 @@ at::Tensor ParallelRouter::gather(const HookFunction& hook, Module& module, cons
       }
     }
   }
-  if (mesh_.dp_size() > 1 && !(layout_ && layout_->batchless(module))) {
+  if (mesh_.dp_size() > 1 && !batchless(hook, module)) {
     if (t.dim() == 0) throw ShapeError(hook.describe() + ": a data-parallel activation needs a batch dim, got a scalar");
     auto pieces = mesh_.dp_group()->all_gather(t.detach().contiguous());
     std::vector<int64_t> rows;
@@ -114,7 +119,7 @@ at::Tensor ParallelRouter::gather(const HookFunction& hook, Module& module, cons
 
 at::Tensor ParallelRouter::scatter(const HookFunction& hook, Module& module, const at::Tensor& whole) {
   at::Tensor t = whole;
-  if (mesh_.dp_size() > 1 && !(layout_ && layout_->batchless(module))) {
+  if (mesh_.dp_size() > 1 && !batchless(hook, module)) {
     auto it = dp_rows_.find(&hook);
     if (it == dp_rows_.end()) throw ConfigError(hook.describe() + ": scatter without a preceding gather");
     int64_t start = 0;

@@ -24,8 +24,9 @@ TopkRouter::TopkRouter(std::string cls, int64_t in, int64_t experts, bool correc
 }
 
 Value TopkRouter::forward(Inputs inputs) {
+  // Called on [B, T, C] (as Transformers' DeepSeek routers are), gives [B*T, E].
   const at::Tensor& x = inputs.tensor(0);
-  return at::linear(x.to(at::kFloat), weight.to(at::kFloat));
+  return at::linear(x.reshape({-1, x.size(-1)}).to(at::kFloat), weight.to(at::kFloat));
 }
 
 SparseMoeBlock::SparseMoeBlock(const DecoderArch& arch, const ModelConfig& cfg, const at::TensorOptions& opts,
@@ -98,7 +99,9 @@ Value SparseMoeBlock::forward(Inputs inputs) {
   const int64_t c = x.size(-1);
   const at::Tensor flat = x.reshape({-1, c});
   const int64_t n = flat.size(0);
-  const at::Tensor logits = (*gate)(flat);  // [N, E]: the hidden dtype, or float32 from a TopkRouter
+  // [N, E]: the hidden dtype from a Linear on the rows, or float32 from a
+  // TopkRouter, which (as DeepSeek's in Transformers) takes [B, T, C].
+  const at::Tensor logits = (*gate)(std::dynamic_pointer_cast<TopkRouter>(gate) ? x : flat);
   const at::Tensor scores =
       routing_ == R::DeepseekV3 ? at::sigmoid(logits.to(at::kFloat)) : at::softmax(logits, 1, at::kFloat);
   at::Tensor selected = choose(scores);

@@ -93,8 +93,8 @@ ParallelCausalLM::ParallelCausalLM(std::shared_ptr<CausalLM> skeleton, DeviceMes
     owned_prefixes_.push_back(base_ + "." + names.embed + ".");
     if (!names.pos_embed.empty()) owned_prefixes_.push_back(base_ + "." + names.pos_embed + ".");
   }
-  if (!names.pos_embed.empty()) layout_->set_batchless(*base_module_->get_submodule(names.pos_embed));
-  if (!names.rotary.empty()) layout_->set_batchless(*base_module_->get_submodule(names.rotary));
+  if (!names.pos_embed.empty()) layout_->set_batchless(*base_module_->get_submodule(names.pos_embed), /*input_too=*/true);
+  if (!names.rotary.empty()) layout_->set_batchless(*base_module_->get_submodule(names.rotary), /*input_too=*/false);
   if (last_stage) {
     {
       EmptyInit scope;

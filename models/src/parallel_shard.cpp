@@ -274,7 +274,7 @@ void ParallelCausalLM::shard_decoder_block(const DecoderArch& arch, int64_t i) {
   }
   declare(*attn->o_proj, row(split(1, d), d));
   row_parallel(*attn->o_proj);
-  if (attn->rotary_emb) layout_->set_batchless(*attn->rotary_emb);
+  if (attn->rotary_emb) layout_->set_batchless(*attn->rotary_emb, /*input_too=*/false);
   if (arch.qk_norm == DecoderArch::QKNorm::PerHead || arch.qk_norm == DecoderArch::QKNorm::PerHeadTransposed) {
     // Over head_dim: replicated weights, outputs [B, T, heads, D] (or [B, heads, T, D]) split by head.
     const int64_t heads_dim = arch.qk_norm == DecoderArch::QKNorm::PerHead ? 2 : 1;

@@ -9,8 +9,9 @@ Transformers 5.23, given new random weights with another seed than golden5's, an
 save_pretrained to OUT/<case>/. A forward hook on every named module of the model records what
 Transformers gives it (element 0 of a tuple; a module called k times per forward also gives
 NAME@k), on a batch of 3 rows of 11 tokens whose second and third rows are left-padded by 2
-and 4: OUT/<case>.contract.safetensors holds input_ids, attention_mask, logits and "out.<module>"
-for every one, and OUT/manifest.json, per case, every named module with its class, output
+and 4: OUT/<case>.contract.safetensors holds input_ids, attention_mask, logits, "out.<module>"
+for every one and "in.<module>" for what a forward pre-hook sees (the first tensor the module is
+called with, positional or keyword), and OUT/manifest.json, per case, every named module with its class, output
 shapes and dtype (modules whose output is no tensor, or that did not run, are listed too, with
 why). tests/models/test_module_contract.cpp compares flexmodel's captures of every module with
 them. Single-threaded and seeded: the same files on every run.
@@ -76,7 +77,7 @@ def main():
         model = T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                                        experts_implementation="eager").eval()
         ids, mask = batch(model.config.get_text_config().vocab_size)
-        outputs, calls, kinds, handles = {}, {}, {}, []
+        outputs, inputs, calls, kinds, handles = {}, {}, {}, {}, []
         classes = {n: type(m).__name__ for n, m in model.named_modules() if n}
         for n, m in model.named_modules():
             if not n:
@@ -91,12 +92,23 @@ def main():
                 else:
                     kinds[n] = type(t).__name__
             handles.append(m.register_forward_hook(hook))
+
+            # A pre-hook's view: the first tensor the module is called with, positional or keyword
+            # (5.23 passes hidden_states by keyword to some modules), per call as the outputs.
+            def pre_hook(_m, args, kwargs, n=n):
+                k = calls.get(n, 0)  # the forward hook counts the call after this
+                for v in list(args) + list(kwargs.values()):
+                    if isinstance(v, torch.Tensor):
+                        inputs[n if k == 0 else f"{n}@{k}"] = v.detach().clone().contiguous()
+                        break
+            handles.append(m.register_forward_pre_hook(pre_hook, with_kwargs=True))
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         for h in handles:
             h.remove()
         tensors = {"input_ids": ids, "attention_mask": mask, "logits": logits.contiguous()}
         tensors.update({"out." + k: v for k, v in outputs.items()})
+        tensors.update({"in." + k: v for k, v in inputs.items()})
         save_file(tensors, os.path.join(OUT, name + ".contract.safetensors"), metadata={"format": "pt"})
         modules = {}
         for n, cls in classes.items():
@@ -106,6 +118,8 @@ def main():
                 entry["dtype"] = str(outputs[n].dtype).replace("torch.", "")
             elif n in kinds:
                 entry["output"] = kinds[n]
+            if n in inputs:
+                entry["input_shape"] = list(inputs[n].shape)
             modules[n] = entry
         manifest["cases"][name] = {"class": type(model).__name__, "modules": modules}
         print(f"{name}: {len(classes)} modules, {len(outputs)} tensor outputs")

@@ -89,22 +89,38 @@ struct Tally {
   }
 };
 
+/// What hook_every_module registered: forward hooks (outputs) and forward
+/// pre-hooks (inputs, "NAME#input").
+struct Hooked {
+  std::vector<std::string> outputs, inputs;
+};
+
 /// Registers a capture hook on every module of case `name` that Transformers
-/// records a tensor output for; returns the names hooked.
-inline std::vector<std::string> hook_every_module(flex::FlexModel& fm, const std::string& name,
-                                                  const nlohmann::json& info, Tally& tally) {
-  std::vector<std::string> hooked;
+/// records a tensor output for, and a capturing pre-hook on every module it
+/// records an input for.
+inline Hooked hook_every_module(flex::FlexModel& fm, const std::string& name, const nlohmann::json& info, Tally& tally) {
+  Hooked hooked;
   for (auto& [module, entry] : info["modules"].items()) {
-    if (!entry.contains("shape")) continue;  // no tensor output (a base model's ModelOutput), or never called
-    ++tally.modules;
     const char* rule = deliberate_rule(module, entry);
     if (rule && entry.value("dtype", "") == "complex64") {
       ++tally.deliberate;
       continue;
     }
+    if (entry.contains("input_shape")) {
+      ++tally.modules;
+      try {
+        fm.register_forward_pre_hook(std::make_shared<flex::HookFunction>(module));
+        hooked.inputs.push_back(module);
+      } catch (const flex::NotFoundError&) {
+        if (rule) ++tally.deliberate;
+        else tally.differs(name, module + "#input", "Transformers has it (" + entry["class"].get<std::string>() + "), flexmodel does not");
+      }
+    }
+    if (!entry.contains("shape")) continue;  // no tensor output (a base model's ModelOutput), or never called
+    ++tally.modules;
     try {
       fm.register_forward_hook(std::make_shared<flex::HookFunction>(module));
-      hooked.push_back(module);
+      hooked.outputs.push_back(module);
     } catch (const flex::NotFoundError&) {
       if (rule) ++tally.deliberate;  // a name flexmodel deliberately does not have
       else tally.differs(name, module, "Transformers has it (" + entry["class"].get<std::string>() + "), flexmodel does not");
@@ -121,26 +137,29 @@ inline std::pair<double, double> difference(const at::Tensor& got, const at::Ten
   return {a.numel() ? (a - e).abs().max().item<double>() : 0.0, e.numel() ? e.abs().max().item<double>() : 0.0};
 }
 
-/// Compares the captures of `hooked` (in `output`) with the golden outputs,
-/// within atol + 1e-4 of the golden's largest magnitude (tensor parallelism
-/// sums row-parallel partial products in another order: 2e-5 there).
-inline void compare(const std::string& name, const nlohmann::json& info, const flex::SafetensorsFile& golden,
-                    const flex::OutputMap& output, const std::vector<std::string>& hooked, Tally& tally,
-                    double atol = 1e-5) {
+/// Compares the captures of one kind (outputs: "out.", key NAME; inputs:
+/// "in.", key NAME#input) with the golden ones, within atol + 1e-4 of the
+/// golden's largest magnitude (tensor parallelism sums row-parallel partial
+/// products in another order: 2e-5 there).
+inline void compare_kind(const std::string& name, const nlohmann::json& info, const flex::SafetensorsFile& golden,
+                         const flex::OutputMap& output, const std::vector<std::string>& modules, bool inputs,
+                         Tally& tally, double atol) {
   const at::Tensor ids = golden.get("input_ids");
   const int64_t B = ids.size(0), T = ids.size(1);
-  for (const auto& module : hooked) {
+  const std::string prefix = inputs ? "in." : "out.", suffix = inputs ? "#input" : "";
+  for (const auto& module : modules) {
     const auto& entry = info["modules"][module];
     const int64_t calls = entry["calls"].get<int64_t>();
-    auto it = output.find(module);
+    const std::string key = module + suffix;
+    auto it = output.find(key);
     if (it == output.end()) {
       // A container flexmodel keeps but never calls (the per-expert ModuleList standing for 5.23's fused experts).
       if (deliberate_rule(module, entry)) ++tally.deliberate;
-      else tally.differs(name, module, "not called by flexmodel, " + std::to_string(calls) + "x by Transformers");
+      else tally.differs(name, key, "not called by flexmodel, " + std::to_string(calls) + "x by Transformers");
       continue;
     }
     if (static_cast<int64_t>(it->second.size()) != calls) {
-      tally.differs(name, module, "called " + std::to_string(it->second.size()) + "x, by Transformers " + std::to_string(calls) + "x");
+      tally.differs(name, key, "called " + std::to_string(it->second.size()) + "x, by Transformers " + std::to_string(calls) + "x");
       continue;
     }
     // A module called k times is matched call for call in any order: Transformers
@@ -155,7 +174,7 @@ inline void compare(const std::string& name, const nlohmann::json& info, const f
       std::string shapes;
       for (int64_t j = 0; j < calls; ++j) {
         if (used[j]) continue;
-        const at::Tensor want = golden.get("out." + (j == 0 ? module : module + "@" + std::to_string(j)));
+        const at::Tensor want = golden.get(prefix + (j == 0 ? module : module + "@" + std::to_string(j)));
         if (got.sizes() != want.sizes()) {
           std::ostringstream o;
           o << got.sizes() << " where Transformers has " << want.sizes();
@@ -166,19 +185,26 @@ inline void compare(const std::string& name, const nlohmann::json& info, const f
         if (d < best) best = d, best_scale = scale, best_j = j;
       }
       if (best_j < 0) {
-        tally.differs(name, module, "shape " + shapes);
+        tally.differs(name, key, "shape " + shapes);
         continue;
       }
       used[best_j] = true;
       if (!(best <= atol + 1e-4 * best_scale)) {
         std::ostringstream o;
         o << "differs by " << best << " (values up to " << best_scale << ")";
-        tally.differs(name, module, o.str());
+        tally.differs(name, key, o.str());
       } else if (best > tally.worst) {
-        tally.worst = best, tally.worst_where = name + " " + module;
+        tally.worst = best, tally.worst_where = name + " " + key;
       }
     }
   }
+}
+
+/// Compares every capture of `hooked` (in `output`) with the golden ones.
+inline void compare(const std::string& name, const nlohmann::json& info, const flex::SafetensorsFile& golden,
+                    const flex::OutputMap& output, const Hooked& hooked, Tally& tally, double atol = 1e-5) {
+  compare_kind(name, info, golden, output, hooked.outputs, false, tally, atol);
+  compare_kind(name, info, golden, output, hooked.inputs, true, tally, atol);
 }
 
 /// Fails on a difference not listed as open, and on a listed one that now matches.
@@ -188,7 +214,7 @@ inline void expect_only_open_differences(const Tally& tally, const std::string& 
   for (const auto& d : open_differences())
     if (!tally.differing.count(d))
       ADD_FAILURE() << layout << ": " << d << ": listed as an open difference but it now matches Transformers: take it off the list";
-  std::cout << "contract (" << layout << "): " << tally.modules << " module outputs of Transformers, " << tally.compared
+  std::cout << "contract (" << layout << "): " << tally.modules << " module outputs and inputs of Transformers, " << tally.compared
             << " compared, " << tally.differing.size() << " differing (" << open_differences().size()
             << " listed as open), " << tally.deliberate
             << " deliberate differences (fused experts, complex rotary); largest difference where they agree "

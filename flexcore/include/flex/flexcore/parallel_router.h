@@ -88,6 +88,8 @@ class ParallelRouter : public ActivationRouter {
   std::optional<ModuleSharding> sharding(const Module& m) const;
   /// How the tensor `hook` sees is spread over tp (see the header comment).
   ShardSpec hook_spec(const HookFunction& hook, const Module& m) const;
+  /// Whether what `hook` sees at `m` has no batch dim to gather over dp (the layout's batchless outputs / inputs).
+  bool batchless(const HookFunction& hook, const Module& m) const;
   DeviceMesh mesh_;
   std::shared_ptr<const ActivationLayout> layout_;
   // Rows each dp rank contributed at the last gather of a hook (for scatter).

@@ -8,7 +8,8 @@
 // an activation between two sharded projections, per-head attention hook
 // points) declares theirs here, keyed by module. Modules not mentioned are
 // replicated over tp, and their outputs carry the batch along dim 0 (split
-// over dp) unless marked batchless (learned positions, rotary cos/sin).
+// over dp) unless marked batchless (learned positions, rotary cos/sin;
+// a forward pre-hook's input may be either).
 #include <flex/hooks/module.h>
 #include <flex/parallel/tp_layers.h>
 
@@ -30,13 +31,19 @@ class ActivationLayout {
   /// Spec of parameter `local_name` of `m` over tp (replicated when undeclared).
   ShardSpec param_spec(const Module& m, const std::string& local_name) const;
 
-  /// `m`'s output has no batch dim (identical on every dp rank).
-  void set_batchless(const Module& m) { batchless_.insert(&m); }
+  /// `m`'s output has no batch dim (identical on every dp rank), and its
+  /// first input neither where `input_too` (learned positions take
+  /// position_ids; a rotary module takes the hidden states, rows and all).
+  void set_batchless(const Module& m, bool input_too) {
+    batchless_.insert(&m);
+    if (input_too) batchless_input_.insert(&m);
+  }
   bool batchless(const Module& m) const { return batchless_.count(&m) > 0; }
+  bool batchless_input(const Module& m) const { return batchless_input_.count(&m) > 0; }
 
  private:
   std::map<const Module*, ModuleSharding> declared_;
-  std::set<const Module*> batchless_;
+  std::set<const Module*> batchless_, batchless_input_;
 };
 
 }  // namespace flex
