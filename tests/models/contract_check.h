@@ -81,7 +81,7 @@ struct Tally {
   int64_t modules = 0, compared = 0, deliberate = 0;
   std::set<std::string> differing;
   std::map<std::string, std::string> why;
-  double worst = 0;
+  double worst = 0, worst_relative = 0;  // largest difference, and relative to the golden's scale
   std::string worst_where;
   void differs(const std::string& c, const std::string& module, const std::string& what) {
     differing.insert(c + " " + module);
@@ -143,7 +143,7 @@ inline std::pair<double, double> difference(const at::Tensor& got, const at::Ten
 /// products in another order: 2e-5 there).
 inline void compare_kind(const std::string& name, const nlohmann::json& info, const flex::SafetensorsFile& golden,
                          const flex::OutputMap& output, const std::vector<std::string>& modules, bool inputs,
-                         Tally& tally, double atol) {
+                         Tally& tally, double atol, double rtol) {
   const at::Tensor ids = golden.get("input_ids");
   const int64_t B = ids.size(0), T = ids.size(1);
   const std::string prefix = inputs ? "in." : "out.", suffix = inputs ? "#input" : "";
@@ -189,22 +189,25 @@ inline void compare_kind(const std::string& name, const nlohmann::json& info, co
         continue;
       }
       used[best_j] = true;
-      if (!(best <= atol + 1e-4 * best_scale)) {
+      if (!(best <= atol + rtol * best_scale)) {
         std::ostringstream o;
         o << "differs by " << best << " (values up to " << best_scale << ")";
         tally.differs(name, key, o.str());
       } else if (best > tally.worst) {
         tally.worst = best, tally.worst_where = name + " " + key;
       }
+      if (best_scale > 0 && best / best_scale > tally.worst_relative) tally.worst_relative = best / best_scale;
     }
   }
 }
 
-/// Compares every capture of `hooked` (in `output`) with the golden ones.
+/// Compares every capture of `hooked` (in `output`) with the golden ones
+/// (shapes exactly; values within atol + rtol of the golden's largest magnitude).
 inline void compare(const std::string& name, const nlohmann::json& info, const flex::SafetensorsFile& golden,
-                    const flex::OutputMap& output, const Hooked& hooked, Tally& tally, double atol = 1e-5) {
-  compare_kind(name, info, golden, output, hooked.outputs, false, tally, atol);
-  compare_kind(name, info, golden, output, hooked.inputs, true, tally, atol);
+                    const flex::OutputMap& output, const Hooked& hooked, Tally& tally, double atol = 1e-5,
+                    double rtol = 1e-4) {
+  compare_kind(name, info, golden, output, hooked.outputs, false, tally, atol, rtol);
+  compare_kind(name, info, golden, output, hooked.inputs, true, tally, atol, rtol);
 }
 
 /// Fails on a difference not listed as open, and on a listed one that now matches.
@@ -218,7 +221,8 @@ inline void expect_only_open_differences(const Tally& tally, const std::string& 
             << " compared, " << tally.differing.size() << " differing (" << open_differences().size()
             << " listed as open), " << tally.deliberate
             << " deliberate differences (fused experts, complex rotary); largest difference where they agree "
-            << tally.worst << " (" << tally.worst_where << ")\n";
+            << tally.worst << " (" << tally.worst_where << "), " << tally.worst_relative
+            << " of the golden's largest magnitude at most\n";
 }
 
 }  // namespace contract_test
