@@ -39,13 +39,7 @@ struct Checkpoint::Impl {
     if (it == key_file.end()) {
       std::vector<std::string> all;
       for (const auto& kv : key_file) all.push_back(kv.first);
-      std::string msg = "tensor '" + key + "' is not in checkpoint " + source;
-      auto close = closest_names(key, all);
-      if (!close.empty()) {
-        msg += "; closest names:";
-        for (const auto& c : close) msg += " '" + c + "'";
-      }
-      throw NotFoundError(msg);
+      throw NotFoundError("tensor '" + key + "' is not in checkpoint " + source + closest_names_text(key, all));
     }
     return shards[it->second];
   }
@@ -145,13 +139,7 @@ struct Checkpoint::View {
     if (auto p = plain.find(key); p != plain.end()) return p->second;
     if (auto c = computed.find(key); c != computed.end()) return c->second.sources.front();
     std::vector<std::string> all = keys();
-    std::string msg = "tensor '" + key + "' is not in checkpoint " + stored.source();
-    auto close = closest_names(key, all);
-    if (!close.empty()) {
-      msg += "; closest names:";
-      for (const auto& n : close) msg += " '" + n + "'";
-    }
-    throw NotFoundError(msg);
+    throw NotFoundError("tensor '" + key + "' is not in checkpoint " + stored.source() + closest_names_text(key, all));
   }
   at::Tensor get(const std::string& key) const {
     auto c = computed.find(key);

@@ -395,13 +395,7 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
 const GgufValue& GgufFile::value(const std::string& key) const {
   auto it = values_.find(key);
   if (it == values_.end()) {
-    std::string msg = "metadata key '" + key + "' is not in GGUF file " + path_;
-    auto close = closest_names(key, keys_);
-    if (!close.empty()) {
-      msg += "; closest keys:";
-      for (const auto& c : close) msg += " '" + c + "'";
-    }
-    throw NotFoundError(msg);
+    throw NotFoundError("metadata key '" + key + "' is not in GGUF file " + path_ + closest_names_text(key, keys_, "keys"));
   }
   return it->second;
 }
@@ -443,13 +437,7 @@ std::vector<std::string> GgufFile::get_strings(const std::string& key) const {
 const GgufTensorInfo& GgufFile::tensor(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    std::string msg = "tensor '" + name + "' is not in GGUF file " + path_;
-    auto close = closest_names(name, tensor_names_);
-    if (!close.empty()) {
-      msg += "; closest names:";
-      for (const auto& c : close) msg += " '" + c + "'";
-    }
-    throw NotFoundError(msg);
+    throw NotFoundError("tensor '" + name + "' is not in GGUF file " + path_ + closest_names_text(name, tensor_names_));
   }
   return it->second;
 }

@@ -200,13 +200,7 @@ std::vector<std::string> OffloadFolder::names() const {
 at::Tensor OffloadFolder::get(const std::string& name) const {
   const OffloadEntry* e = index_.find(name);
   if (!e) {
-    std::string msg = "tensor '" + name + "' is not in offload folder " + folder_;
-    auto close = closest_names(name, names());
-    if (!close.empty()) {
-      msg += "; closest names:";
-      for (const auto& c : close) msg += " '" + c + "'";
-    }
-    throw NotFoundError(msg);
+    throw NotFoundError("tensor '" + name + "' is not in offload folder " + folder_ + closest_names_text(name, names()));
   }
   return load_offloaded_weight(folder_, name, *e);
 }

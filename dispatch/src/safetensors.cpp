@@ -175,13 +175,7 @@ uint64_t SafetensorsFile::file_size() const { return map_->size(); }
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = infos_.find(name);
   if (it == infos_.end()) {
-    std::string msg = "tensor '" + name + "' is not in safetensors file " + path_;
-    auto close = closest_names(name, names_);
-    if (!close.empty()) {
-      msg += "; closest names:";
-      for (const auto& c : close) msg += " '" + c + "'";
-    }
-    throw NotFoundError(msg);
+    throw NotFoundError("tensor '" + name + "' is not in safetensors file " + path_ + closest_names_text(name, names_));
   }
   return it->second;
 }

@@ -296,4 +296,13 @@ std::vector<std::string> closest_names(const std::string& name, const std::vecto
   return out;
 }
 
+std::string closest_names_text(const std::string& name, const std::vector<std::string>& candidates,
+                               const std::string& what) {
+  const auto close = closest_names(name, candidates);
+  if (close.empty()) return "";
+  std::string out = "; closest " + what + ":";
+  for (const auto& c : close) out += " '" + c + "'";
+  return out;
+}
+
 }  // namespace flex

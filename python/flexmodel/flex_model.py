@@ -169,7 +169,11 @@ class FlexModel:
             if self.output_ptr.get(key) is value:
                 del self.output_ptr[key]
         self._stored.clear()
-        self._engine.clear()  # captures of calls outside forward (the model called directly) are not this forward's
+        self._forget_outside_calls()
+
+    def _forget_outside_calls(self):
+        """Captures of calls outside forward (the model called directly) are not this forward's."""
+        self._engine.clear()
 
     def take_captures(self):
         """Captures made by calls of the model outside :meth:`forward` (``model(ids)``, ``model.generate``

@@ -239,16 +239,7 @@ class TorchFlexModel(FlexModel):
 
     __call__ = forward
 
-    def _store(self, captures):
-        for key, tensors in captures.items():
-            self.output_ptr[key] = value = tensors[0] if len(tensors) == 1 else tensors
-            self._stored[key] = value
-
-    def _drop_previous(self):
-        for key, value in self._stored.items():
-            if self.output_ptr.get(key) is value:
-                del self.output_ptr[key]
-        self._stored.clear()
+    def _forget_outside_calls(self):
         self._pending = {}
 
     def take_captures(self):
@@ -458,22 +449,6 @@ class TorchFlexModel(FlexModel):
         hook = self._hooks.pop(entry.key, None)
         if hook is not None:
             hook._cpp = hook._handle = None
-
-    def register_forward_hook(self, hook_function):
-        return self._register(hook_function, "forward")
-
-    def register_forward_pre_hook(self, hook_function):
-        return self._register(hook_function, "forward_pre")
-
-    def register_full_backward_hook(self, hook_function):
-        return self._register(hook_function, "full_backward")
-
-    def register_full_backward_pre_hook(self, hook_function):
-        return self._register(hook_function, "full_backward_pre")
-
-    def register_hook(self, hook_function):
-        """A gradient hook on the parameter named ``hook_function.module_name``."""
-        return self._register(hook_function, "tensor")
 
     # --- groups -------------------------------------------------------------------------
     def create_hook_group(self, group_name, group_constructor, expected_shape=None, editing_function=None,

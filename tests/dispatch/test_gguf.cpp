@@ -20,12 +20,15 @@
 #include <set>
 #include <sstream>
 
+#include "expect_error.h"
 #include "test_util.h"
 
 using flex_test::data_path;
 using json = nlohmann::json;
 
 namespace {
+
+using flex_test::expect_error;
 
 std::string types_path() { return data_path("gguf/types.gguf"); }
 
@@ -77,20 +80,6 @@ double from_hex(const std::string& s) { return std::strtod(s.c_str(), nullptr); 
     << " at flat index " << worst << " (row " << worst / actual.size(-1) << ", column " << worst % actual.size(-1)
     << "): actual " << fa << " (0x" << std::hex << pa[worst] << "), expected " << fe << " (0x" << pe[worst] << ")";
   return ::testing::AssertionFailure() << o.str();
-}
-
-// Expects `fn` to throw E with every one of `needles` in its message.
-template <class E, class F>
-void expect_error(F fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles.front();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
 }
 
 void put_u32(std::string& b, size_t at, uint32_t v) {

@@ -16,27 +16,18 @@
 
 #include <fstream>
 
+#include "expect_error.h"
 #include "test_util.h"
 
 using flex_test::data_path;
 
 namespace {
 
+using flex_test::expect_error;
+
 std::string gguf_path() { return data_path("gguf/llama-tiny.gguf"); }
 std::string hf_dir() { return data_path("gguf/llama-tiny"); }
 
-template <class E, class F>
-void expect_error(F fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning " << needles.front();
-  } catch (const E& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -17,16 +18,8 @@ using flex_test::fixture;
 
 namespace {
 
-template <class E, class F>
-void expect_error(F fn, std::vector<std::string> needles) {
-  try {
-    fn();
-    FAIL() << "no exception; expected one mentioning " << needles.front();
-  } catch (const E& e) {
-    std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
-  }
-}
+using flex_test::expect_error;
+
 
 // The files of a folder, name -> bytes.
 std::map<std::string, std::string> folder_bytes(const std::string& dir, const std::string& skip = "") {

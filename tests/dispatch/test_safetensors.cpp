@@ -10,12 +10,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using flex_test::fixture;
 
 namespace {
+
+using flex_test::expect_error;
 
 std::string slurp(const std::string& path) { return flex::read_file(path); }
 
@@ -38,17 +41,6 @@ std::vector<std::pair<std::string, at::Tensor>> read_all(const flex::Safetensors
   return out;
 }
 
-// Expects `fn` to throw E with every one of `needles` in its message.
-template <class E, class F>
-void expect_error(F fn, std::vector<std::string> needles) {
-  try {
-    fn();
-    FAIL() << "no exception; expected one mentioning " << needles.front();
-  } catch (const E& e) {
-    std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
-  }
-}
 
 }  // namespace
 

@@ -151,5 +151,9 @@ at::Tensor get_module_tensor(Module& root, const std::string& name);
 std::vector<std::string> closest_names(const std::string& name,
                                        const std::vector<std::string>& candidates,
                                        size_t limit = 3);
+/// "; closest <what>: 'a' 'b'" for the closest_names of `name`, or "" when
+/// there are none: the tail of a not-found message.
+std::string closest_names_text(const std::string& name, const std::vector<std::string>& candidates,
+                               const std::string& what = "names");
 
 }  // namespace flex
