@@ -1,6 +1,7 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
+#include <flex/hooks/frozen_replacement.h>
 #include <flex/kernels/linear.h>
 
 #include <ATen/ATen.h>
@@ -121,7 +122,17 @@ LayerNorm::LayerNorm(int64_t d, double e, bool affine, const at::TensorOptions& 
   }
 }
 
-Value LayerNorm::forward(Inputs inputs) { return at::layer_norm(inputs.tensor(0), {dim}, weight, bias, eps); }
+Value LayerNorm::forward(Inputs inputs) {
+  const at::Tensor& x = inputs.tensor(0);
+  if (!nonlinearities_frozen()) return at::layer_norm(x, {dim}, weight, bias, eps);
+  // The frozen replacement: centring stays linear, 1/std is a constant.
+  const at::Tensor centred = x - x.mean(-1, /*keepdim=*/true);
+  const at::Tensor inv_std = at::rsqrt(centred.pow(2).mean(-1, /*keepdim=*/true) + eps).detach();
+  at::Tensor y = centred * inv_std;
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return y;
+}
 
 RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::TensorOptions& options, Scale s)
     : Module(std::move(class_name)), eps(e), scale(s) {
@@ -131,9 +142,11 @@ RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::Tensor
 
 Value RMSNorm::forward(Inputs inputs) {
   const at::Tensor& x = inputs.tensor(0);
-  at::Tensor h = x.to(at::kFloat);
+  const bool frozen = nonlinearities_frozen();  // 1/rms a constant, float64 kept (frozen_replacement.h)
+  at::Tensor h = x.to(frozen ? at::promote_types(at::kFloat, x.scalar_type()) : at::kFloat);
   at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * at::rsqrt(var + eps);
+  const at::Tensor inv_rms = at::rsqrt(var + eps);
+  h = h * (frozen ? inv_rms.detach() : inv_rms);
   switch (scale) {
     case Scale::WeightThenCast: return (weight * h).to(x.scalar_type());
     case Scale::OnePlusWeight: return (h * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());

@@ -1,6 +1,7 @@
 #include "attention.h"
 
 #include <flex/hooks/errors.h>
+#include <flex/hooks/frozen_replacement.h>
 
 #include <ATen/ATen.h>
 
@@ -60,9 +61,12 @@ at::Tensor attention_probabilities(const at::Tensor& q_in, const at::Tensor& k, 
       if (d != 1.0) scores = scores / d;
   }
   if (o.softcap > 0) scores = at::tanh(scores / o.softcap) * o.softcap;
-  if (o.sinks.defined()) return sink_softmax(std::move(scores), allowed, o.sinks).to(out_dtype);
-  // Moved: at most two score-sized tensors are alive at any step.
-  return masked_softmax(std::move(scores), allowed, o.upcast_softmax).to(out_dtype);
+  at::Tensor probs = o.sinks.defined() ? sink_softmax(std::move(scores), allowed, o.sinks)
+                                        // Moved: at most two score-sized tensors are alive at any step.
+                                        : masked_softmax(std::move(scores), allowed, o.upcast_softmax);
+  // The frozen replacement (flex/hooks/frozen_replacement.h): the pattern is a constant.
+  if (nonlinearities_frozen()) probs = probs.detach();
+  return probs.to(out_dtype);
 }
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
@@ -148,7 +152,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k_grouped, const at::Te
                      std::to_string(k_grouped.size(1)) + " key and " + std::to_string(v_grouped.size(1)) + " value heads");
   const bool dropout_on = opts.dropout_module ? opts.dropout_module->is_training() && opts.dropout_module->p > 0
                                               : opts.training && opts.dropout_p > 0;
-  const bool eager = has_hook(hook_attn_probs) || (opts.dropout_module && has_hook(*opts.dropout_module)) || dropout_on;
+  // Frozen: the probabilities must exist to be detached.
+  const bool eager = has_hook(hook_attn_probs) || (opts.dropout_module && has_hook(*opts.dropout_module)) || dropout_on ||
+                     nonlinearities_frozen();
   if (!eager && decode_attention_applies(q, k_grouped, v_grouped, allowed, opts)) {
     attend_trace.path = AttendTrace::Path::Decode;
     return decode_attention(q, k_grouped, v_grouped, allowed, opts.scale());

@@ -1,0 +1,375 @@
+// attribute(): a recording pass (activations, errors, logits), then one
+// forward of the frozen replacement at the batch size, replicated over the
+// batch, whose graph every backward pass reuses: target b of a batch seeds
+// batch row b, so one torch::autograd::grad call gives every target's
+// gradient at every layer's MLP output place and at the embeddings.
+#include "attribution_influence.h"
+#include "attribution_places.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/hooks/frozen_replacement.h>
+#include <flex/sae/attribution.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace flex {
+
+namespace {
+
+using detail::AttributionPlaces;
+
+struct HookHandles {
+  std::vector<HookHandle> handles;
+  ~HookHandles() {
+    for (auto& h : handles) h.remove();
+  }
+};
+
+// The model's parameters as constants for the duration (restored after):
+// no graph is recorded through the weights.
+struct ParametersWithoutGrad {
+  std::vector<std::pair<at::Tensor, bool>> saved;
+  explicit ParametersWithoutGrad(Module& m) {
+    for (auto& p : m.parameters()) {
+      saved.emplace_back(p, p.requires_grad());
+      if (p.requires_grad()) p.set_requires_grad(false);
+    }
+  }
+  ~ParametersWithoutGrad() {
+    for (auto& [p, rg] : saved)
+      if (rg) p.set_requires_grad(true);
+  }
+};
+
+// One transcoder's weights in the model's dtype.
+struct TranscoderWeights {
+  at::Tensor W_enc, b_enc, W_dec, b_dec, W_skip, threshold;
+  bool shift_input = false;
+
+  TranscoderWeights(const SparseDictionary& t, at::ScalarType dt) {
+    W_enc = t.W_enc.detach().to(dt);
+    b_enc = t.b_enc.detach().to(dt);
+    W_dec = t.W_dec.detach().to(dt);
+    b_dec = t.b_dec.detach().to(dt);
+    if (t.config().has_skip()) W_skip = t.W_skip.detach().to(dt);
+    if (t.config().jump()) threshold = t.threshold.detach().to(dt);
+    shift_input = t.config().apply_b_dec_to_input;
+  }
+  at::Tensor pre(const at::Tensor& x) const { return at::matmul(shift_input ? x - b_dec : x, W_enc) + b_enc; }
+  at::Tensor act(const at::Tensor& pre) const {
+    at::Tensor a = at::relu(pre);
+    return threshold.defined() ? a * pre.gt(threshold) : a;
+  }
+  at::Tensor skip(const at::Tensor& x) const { return at::matmul(x, W_skip.t()); }
+};
+
+// What the recording pass saw, batch row 0.
+struct Recorded {
+  std::vector<at::Tensor> x, out;  // per layer [T, d]: MLP input and output
+  at::Tensor embed;                // [T, d] token embeddings
+  at::Tensor logits;               // [V] at the last position
+};
+
+Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& ids) {
+  at::NoGradGuard no_grad;
+  FreezeNonlinearities frozen;  // the same arithmetic as the replicated pass
+  Recorded r;
+  const size_t n = p.mlps.size();
+  r.x.resize(n);
+  r.out.resize(n);
+  HookHandles hooks;
+  hooks.handles.push_back(p.embed->register_forward_hook(
+      [&](Module&, const Inputs&, Value& out) { r.embed = find_first_tensor(out)[0]; }));
+  for (size_t l = 0; l < n; ++l)
+    hooks.handles.push_back(p.mlps[l]->register_forward_hook([&r, l](Module&, const Inputs& in, Value& out) {
+      r.x[l] = in.tensor(0)[0];
+      r.out[l] = find_first_tensor(out)[0];
+    }));
+  const at::Tensor hidden = find_first_tensor((*p.base)(Inputs{Value(ids)}));
+  r.logits = (*p.lm_head)(hidden.select(1, hidden.size(1) - 1))[0];
+  return r;
+}
+
+// The frozen replacement's graph at batch size B: the leaves and places
+// every backward pass reads.
+struct ReplacementPass {
+  at::Tensor embed_leaf;           // [B, T, d]
+  std::vector<at::Tensor> x, y;    // per layer [B, T, d]: MLP input (target place), MLP output (source place)
+  at::Tensor final_hidden;         // [B, T, d] after the final norm
+};
+
+ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<TranscoderWeights>& tw,
+                                 const at::Tensor& ids, int64_t batch) {
+  at::AutoGradMode grad(true);
+  FreezeNonlinearities frozen;
+  ReplacementPass r;
+  const size_t n = p.mlps.size();
+  r.x.resize(n);
+  r.y.resize(n);
+  HookHandles hooks;
+  hooks.handles.push_back(p.embed->register_forward_hook([&](Module&, const Inputs&, Value& out) {
+    r.embed_leaf = find_first_tensor(out).detach().clone().requires_grad_(true);
+    out = Value(r.embed_leaf);
+  }));
+  for (size_t l = 0; l < n; ++l) {
+    // The MLP runs on a detached copy of its input (no graph through it);
+    // its output becomes a constant, plus the skip path where there is one.
+    hooks.handles.push_back(p.mlps[l]->register_forward_pre_hook([&r, l](Module&, Inputs& in) {
+      r.x[l] = in.tensor(0);
+      in.args[0] = Value(r.x[l].detach());
+    }));
+    hooks.handles.push_back(p.mlps[l]->register_forward_hook([&r, &tw, l](Module&, const Inputs&, Value& out) {
+      const at::Tensor o = find_first_tensor(out);
+      if (tw[l].W_skip.defined()) {
+        const at::Tensor skip = tw[l].skip(r.x[l]);
+        r.y[l] = (o - skip.detach()).detach() + skip;
+      } else {
+        r.y[l] = o.detach().clone().requires_grad_(true);
+      }
+      out = Value(r.y[l]);
+    }));
+  }
+  r.final_hidden = find_first_tensor((*p.base)(Inputs{Value(ids.expand({batch, ids.size(1)}).contiguous())}));
+  return r;
+}
+
+// One target: where its gradient is seeded (layer, or n_layers for the
+// final norm's output), at which position, with which vector.
+struct Target {
+  int64_t layer, pos;
+  at::Tensor vec;
+};
+
+}  // namespace
+
+namespace detail {
+
+// Rows of direct effects for up to B targets: [n, F + L*T + T] over every
+// active feature, error node and token (the caller selects feature columns).
+class RowComputer {
+ public:
+  RowComputer(ReplacementPass pass, const std::vector<at::Tensor>& feature_layer_pos, const at::Tensor& scaled_decoders,
+              std::vector<at::Tensor> errors, at::Tensor embed, int64_t n_features)
+      : pass_(std::move(pass)), errors_(std::move(errors)), embed_(std::move(embed)), n_features_(n_features) {
+    // Group the active features by (layer, position): one product per group.
+    const at::Tensor layers = feature_layer_pos[0], positions = feature_layer_pos[1];
+    const int64_t T = embed_.size(0);
+    groups_.resize(errors_.size() * T);
+    auto lp = at::stack({layers, positions}, 1).contiguous();
+    const int64_t* d = lp.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n_features_; ++i) groups_[d[2 * i] * T + d[2 * i + 1]].push_back(i);
+    for (auto& g : groups_) {
+      if (g.empty()) continue;
+      at::Tensor idx = at::tensor(g, at::kLong);
+      group_index_.push_back(idx);
+      group_decoders_.push_back(scaled_decoders.index_select(0, idx));
+    }
+  }
+
+  at::Tensor rows(const std::vector<Target>& targets) {
+    const int64_t n = static_cast<int64_t>(targets.size());
+    const int64_t L = static_cast<int64_t>(errors_.size()), T = embed_.size(0);
+    const auto opts = embed_.options();
+    std::vector<at::Tensor> outputs, seeds;
+    for (int64_t l = 0; l <= L; ++l) {
+      at::Tensor seed;
+      for (int64_t b = 0; b < n; ++b) {
+        if (targets[b].layer != l) continue;
+        if (!seed.defined()) seed = at::zeros_like(l < L ? pass_.x[l] : pass_.final_hidden);
+        seed[b][targets[b].pos].copy_(targets[b].vec);
+      }
+      if (!seed.defined()) continue;
+      outputs.push_back(l < L ? pass_.x[l] : pass_.final_hidden);
+      seeds.push_back(seed);
+    }
+    std::vector<at::Tensor> inputs(pass_.y.begin(), pass_.y.end());
+    inputs.push_back(pass_.embed_leaf);
+    const auto grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+    at::Tensor out = at::zeros({n, n_features_ + L * T + T}, opts);
+    size_t group = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      const at::Tensor& g = grads[l];
+      for (int64_t t = 0; t < T; ++t) {
+        if (groups_[l * T + t].empty()) continue;
+        const size_t k = group++;
+        if (!g.defined()) continue;
+        // [n, d] x [d, n_group]: the group's edges into each target.
+        out.index_copy_(1, group_index_[k], at::matmul(g.narrow(0, 0, n).select(1, t), group_decoders_[k].t()));
+      }
+      if (g.defined())
+        out.narrow(1, n_features_ + l * T, T).copy_((g.narrow(0, 0, n) * errors_[l]).sum(-1));
+    }
+    const at::Tensor& ge = grads[L];
+    if (ge.defined()) out.narrow(1, n_features_ + L * T, T).copy_((ge.narrow(0, 0, n) * embed_).sum(-1));
+    return out;
+  }
+
+ private:
+  ReplacementPass pass_;
+  std::vector<at::Tensor> errors_;
+  at::Tensor embed_;
+  int64_t n_features_;
+  std::vector<std::vector<int64_t>> groups_;
+  std::vector<at::Tensor> group_index_, group_decoders_;
+};
+
+}  // namespace detail
+
+AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                           const at::Tensor& input_ids, const AttributionOptions& o) {
+  if (o.max_n_logits < 1) throw ConfigError("attribution: max_n_logits must be at least 1, not " + std::to_string(o.max_n_logits));
+  if (!(o.desired_logit_prob > 0.0 && o.desired_logit_prob <= 1.0))
+    throw ConfigError("attribution: desired_logit_prob must be in (0, 1], not " + std::to_string(o.desired_logit_prob));
+  if (o.batch_size < 1) throw ConfigError("attribution: batch_size must be at least 1, not " + std::to_string(o.batch_size));
+  if (o.max_feature_nodes < -1 || o.max_feature_nodes == 0)
+    throw ConfigError("attribution: max_feature_nodes must be positive (or -1 for all), not " +
+                      std::to_string(o.max_feature_nodes));
+  if (o.update_interval < 1) throw ConfigError("attribution: update_interval must be at least 1");
+  at::Tensor ids = input_ids;
+  if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
+  if (ids.dim() != 1 || ids.size(0) == 0)
+    throw ShapeError("attribution: input_ids must be one non-empty prompt ([T] or [1, T]), not " +
+                     std::string(ids.sizes().vec().empty() ? "a scalar" : "of shape " + c10::str(ids.sizes())));
+  const int64_t T = ids.size(0);
+  const int64_t context = model.config().max_position_embeddings;
+  if (context > 0 && T > context)
+    throw ShapeError("attribution: the prompt's " + std::to_string(T) + " tokens are longer than the model's context of " +
+                     std::to_string(context));
+  ids = ids.to(at::kLong).unsqueeze(0);
+
+  const AttributionPlaces places = detail::attribution_places(model);
+  detail::check_transcoders(model, places, transcoders);
+  ParametersWithoutGrad constants(model);
+
+  const Recorded rec = record_attribution_pass(places, ids);
+  const at::ScalarType dt = rec.embed.scalar_type();
+  const int64_t L = static_cast<int64_t>(places.mlps.size());
+  std::vector<TranscoderWeights> tw;
+  for (const auto& t : transcoders) tw.emplace_back(*t, dt);
+
+  // Active features, their decoder rows times activation, error vectors.
+  std::vector<at::Tensor> f_layer, f_pos, f_idx, f_act, f_pre, encoders, decoders, errors;
+  {
+    at::NoGradGuard no_grad;
+    for (int64_t l = 0; l < L; ++l) {
+      const at::Tensor pre = tw[l].pre(rec.x[l]);
+      at::Tensor act = tw[l].act(pre);
+      if (o.zero_first_position) act[0].zero_();
+      at::Tensor recon = at::matmul(act, tw[l].W_dec) + tw[l].b_dec;
+      if (tw[l].W_skip.defined()) recon = recon + tw[l].skip(rec.x[l]);
+      at::Tensor err = rec.out[l] - recon;
+      if (o.zero_first_position) err[0].zero_();
+      errors.push_back(err);
+      const at::Tensor nz = act.nonzero();  // [n, 2] (pos, feature), row-major: sorted
+      const at::Tensor pos = nz.select(1, 0), feat = nz.select(1, 1);
+      f_layer.push_back(at::full_like(pos, l));
+      f_pos.push_back(pos);
+      f_idx.push_back(feat);
+      const at::Tensor a = act.index({pos, feat});
+      f_act.push_back(a);
+      f_pre.push_back(pre.index({pos, feat}));
+      encoders.push_back(tw[l].W_enc.index_select(1, feat).t());
+      decoders.push_back(tw[l].W_dec.index_select(0, feat) * a.unsqueeze(1));
+    }
+  }
+  AttributionGraph g;
+  g.n_layers = L;
+  g.n_pos = T;
+  g.input_ids = ids[0].clone();
+  const at::Tensor layers = at::cat(f_layer), positions = at::cat(f_pos);
+  g.active_features = at::stack({layers, positions, at::cat(f_idx)}, 1);
+  g.activations = at::cat(f_act);
+  g.pre_activations = at::cat(f_pre);
+  const at::Tensor encoder_vecs = at::cat(encoders);
+  const int64_t F = g.activations.size(0);
+
+  // Logit targets: circuit-tracer's salient logits.
+  const at::ScalarType prob_dt = at::promote_types(at::kFloat, dt);
+  const at::Tensor probs = at::softmax(rec.logits.to(prob_dt), -1);
+  auto [top_p, top_idx] = at::topk(probs, std::min<int64_t>(o.max_n_logits, probs.size(0)));
+  const at::Tensor cum = at::cumsum(top_p, 0);
+  const int64_t cutoff = std::min<int64_t>(
+      at::searchsorted(cum, at::scalar_tensor(o.desired_logit_prob, cum.options())).item<int64_t>() + 1, top_p.size(0));
+  g.logit_tokens = top_idx.narrow(0, 0, cutoff).clone();
+  g.logit_probabilities = top_p.narrow(0, 0, cutoff).clone();
+  const int64_t K = cutoff;
+  at::Tensor W_U = places.lm_head->weight.detach();
+  if (!at::isFloatingType(W_U.scalar_type())) W_U = places.lm_head->float_weight();
+  W_U = W_U.to(dt);
+  const at::Tensor logit_vecs = W_U.index_select(0, g.logit_tokens) - W_U.mean(0, /*keepdim=*/true);
+
+  const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
+  const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
+  detail::RowComputer rows(replacement_pass(places, tw, ids, B), {layers, positions}, decoders.empty() ? at::Tensor() : at::cat(decoders),
+                           errors, rec.embed, F);
+
+  // Rows: logits first, then features (all, or the most influential first).
+  const at::ScalarType adj_dt = prob_dt;
+  const int64_t cols = F + L * T + T;
+  at::Tensor edge = at::zeros({n_visit + K, cols}, at::TensorOptions().dtype(adj_dt));
+  std::vector<int64_t> row_node(n_visit + K);  // node index of each row in the unselected numbering
+  for (int64_t i = 0; i < K; i += o.batch_size) {
+    std::vector<Target> batch;
+    for (int64_t j = i; j < std::min(K, i + o.batch_size); ++j) batch.push_back({L, T - 1, logit_vecs[j]});
+    edge.narrow(0, i, static_cast<int64_t>(batch.size())).copy_(rows.rows(batch));
+    for (int64_t j = i; j < i + static_cast<int64_t>(batch.size()); ++j) row_node[j] = cols + j;
+  }
+  int64_t filled = K;
+  std::vector<char> visited(F, 0);
+  const int64_t* lp = layers.data_ptr<int64_t>();
+  const int64_t* pp = positions.data_ptr<int64_t>();
+  int64_t n_done = 0;
+  while (n_done < n_visit) {
+    std::vector<int64_t> pending;
+    if (n_visit == F) {
+      for (int64_t i = 0; i < F; ++i) pending.push_back(i);
+    } else {
+      const at::Tensor influence = detail::partial_influences(edge.narrow(0, 0, filled), g.logit_probabilities,
+                                                              std::vector<int64_t>(row_node.begin(), row_node.begin() + filled), K);
+      const at::Tensor order = at::argsort(influence.narrow(0, 0, F), /*stable=*/true, /*dim=*/0, /*descending=*/true);
+      const int64_t want = std::min(o.update_interval * o.batch_size, n_visit - n_done);
+      const int64_t* op = order.data_ptr<int64_t>();
+      for (int64_t i = 0; i < F && static_cast<int64_t>(pending.size()) < want; ++i)
+        if (!visited[op[i]]) pending.push_back(op[i]);
+    }
+    for (size_t s = 0; s < pending.size(); s += o.batch_size) {
+      std::vector<Target> batch;
+      const size_t e = std::min(pending.size(), s + o.batch_size);
+      for (size_t i = s; i < e; ++i) batch.push_back({lp[pending[i]], pp[pending[i]], encoder_vecs[pending[i]]});
+      edge.narrow(0, filled, static_cast<int64_t>(batch.size())).copy_(rows.rows(batch));
+      for (size_t i = s; i < e; ++i) {
+        row_node[filled++] = pending[i];
+        visited[pending[i]] = 1;
+      }
+    }
+    n_done += static_cast<int64_t>(pending.size());
+  }
+
+  // The dense adjacency over the selected features.
+  std::vector<int64_t> selected;
+  for (int64_t i = 0; i < F; ++i)
+    if (visited[i]) selected.push_back(i);
+  g.selected_features = at::tensor(selected, at::kLong).view({-1});
+  const int64_t S = g.selected_features.size(0);
+  at::Tensor col_index = at::cat({g.selected_features, at::arange(F, cols, at::kLong)});
+  const at::Tensor edge_cols = edge.index_select(1, col_index);  // [n_visit + K, S + L*T + T]
+  // Feature rows in feature order, then the logit rows, in a [N, N] matrix.
+  std::vector<int64_t> feature_row(F, -1);
+  for (int64_t r = K; r < filled; ++r) feature_row[row_node[r]] = r;
+  const int64_t N = S + L * T + T + K;
+  g.adjacency = at::zeros({N, N}, edge.options());
+  std::vector<int64_t> src_rows;
+  for (int64_t i : selected) src_rows.push_back(feature_row[i]);
+  if (S > 0) g.adjacency.narrow(0, 0, S).narrow(1, 0, S + L * T + T).copy_(edge_cols.index_select(0, at::tensor(src_rows, at::kLong)));
+  g.adjacency.narrow(0, N - K, K).narrow(1, 0, S + L * T + T).copy_(edge_cols.narrow(0, 0, K));
+  return g;
+}
+
+}  // namespace flex

@@ -1,0 +1,217 @@
+#pragma once
+// An independent frozen replacement for the attribution tests: GPT-2 and
+// Llama written out by hand from the model's weights (no module forward, no
+// autograd), per-layer transcoders applied by hand. A plain pass records
+// the sources (token embeddings, feature activations, error vectors) and the
+// frozen quantities (attention patterns, from the model's hook_attn_probs
+// (the patterns are not what is under test);
+// norm denominators, computed here); frozen(sources) then recomputes every
+// target (feature pre-activations, logit minus mean logit) with the sources
+// as inputs. The replacement is affine in the sources, so
+//   edge(target, source i) = frozen(S) - frozen(S with source i zeroed)
+// exactly (up to rounding), and frozen(all sources zeroed) is each target's
+// bias term.
+#include <flex/hooks/frozen_replacement.h>
+#include <flex/models/causal_lm.h>
+#include <flex/sae/sparse_dictionary.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace flex_test {
+
+struct ReferenceSources {
+  at::Tensor embed;                 // [T, d]
+  std::vector<at::Tensor> acts;     // per layer [T, d_sae]
+  std::vector<at::Tensor> errors;   // per layer [T, d]
+};
+
+class AttributionReference {
+ public:
+  AttributionReference(flex::CausalLM& model, const std::vector<std::shared_ptr<flex::SparseDictionary>>& transcoders,
+                       const at::Tensor& ids, bool zero_first = true)
+      : zero_first_(zero_first) {
+    at::NoGradGuard ng;
+    for (const auto& item : model.named_parameters()) w_[item.key()] = item.value().detach().to(at::kDouble);
+    gpt2_ = model.base_model_prefix() == "transformer";
+    const auto& cfg = model.config();
+    L_ = cfg.num_hidden_layers;
+    H_ = cfg.num_attention_heads;
+    eps_ = cfg.norm_eps;
+    T_ = ids.size(0);
+    for (auto& t : transcoders) {
+      Tc c;
+      c.W_enc = t->W_enc.detach().to(at::kDouble);
+      c.b_enc = t->b_enc.detach().to(at::kDouble);
+      c.W_dec = t->W_dec.detach().to(at::kDouble);
+      c.b_dec = t->b_dec.detach().to(at::kDouble);
+      if (t->config().has_skip()) c.W_skip = t->W_skip.detach().to(at::kDouble);
+      if (t->config().jump()) c.threshold = t->threshold.detach().to(at::kDouble);
+      c.shift = t->config().apply_b_dec_to_input;
+      tc_.push_back(c);
+    }
+    // The attention patterns: the model's own, from its forward.
+    std::vector<flex::HookHandle> hs;
+    probs_.resize(L_);
+    const std::string blocks = gpt2_ ? "transformer.h." : "model.layers.";
+    const std::string attn = gpt2_ ? ".attn.hook_attn_probs" : ".self_attn.hook_attn_probs";
+    for (int64_t l = 0; l < L_; ++l)
+      hs.push_back(model.get_submodule(blocks + std::to_string(l) + attn)
+                       ->register_forward_hook([this, l](flex::Module&, const flex::Inputs&, flex::Value& out) {
+                         probs_[l] = flex::find_first_tensor(out)[0].to(at::kDouble);
+                       }));
+    {
+      // Under the guard the norms run in float64 (plain Llama norms run in
+      // float32), so the patterns carry no float32 rounding; values are the
+      // plain forward's otherwise.
+      flex::FreezeNonlinearities float64_norms;
+      model.logits(ids.unsqueeze(0));
+    }
+    for (auto& h : hs) h.remove();
+    embed_weight_ = gpt2_ ? w("transformer.wte.weight") : w("model.embed_tokens.weight");
+    unembed_ = gpt2_ ? w("transformer.wte.weight") : w("lm_head.weight");
+    sources.embed = embed_weight_.index_select(0, ids);
+    run(nullptr);
+  }
+
+  /// The recorded sources and what the plain pass saw.
+  ReferenceSources sources;
+  std::vector<at::Tensor> pre;      // per layer [T, d_sae]
+  at::Tensor last_logits;           // [V]
+
+  /// Every target, frozen, for `s`: pre-activations of `features` ([F, 3]
+  /// layer, pos, feature) then logit[T-1, tok] - mean logit for `tokens`.
+  at::Tensor targets(const ReferenceSources& s, const at::Tensor& features, const at::Tensor& tokens) {
+    run(&s);
+    const auto f = features.contiguous();
+    std::vector<at::Tensor> out;
+    for (int64_t i = 0; i < f.size(0); ++i)
+      out.push_back(frozen_pre_[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()]);
+    const at::Tensor logits = frozen_logits_;
+    for (int64_t k = 0; k < tokens.size(0); ++k) out.push_back(logits[tokens[k].item<int64_t>()] - logits.mean());
+    return out.empty() ? at::zeros({0}, at::kDouble) : at::stack(out);
+  }
+
+  /// The sources with every value zeroed (for the bias terms).
+  ReferenceSources zeroed() const {
+    ReferenceSources z{at::zeros_like(sources.embed), {}, {}};
+    for (auto& a : sources.acts) z.acts.push_back(at::zeros_like(a));
+    for (auto& e : sources.errors) z.errors.push_back(at::zeros_like(e));
+    return z;
+  }
+  ReferenceSources copy() const {
+    ReferenceSources c{sources.embed.clone(), {}, {}};
+    for (auto& a : sources.acts) c.acts.push_back(a.clone());
+    for (auto& e : sources.errors) c.errors.push_back(e.clone());
+    return c;
+  }
+
+ private:
+  struct Tc {
+    at::Tensor W_enc, b_enc, W_dec, b_dec, W_skip, threshold;
+    bool shift = false;
+  };
+
+  at::Tensor w(const std::string& name) const { return w_.at(name); }
+
+  // A norm with its denominator computed on the plain pass and reused frozen.
+  at::Tensor norm(const at::Tensor& h, const std::string& prefix, std::map<std::string, at::Tensor>& inv, bool plain) {
+    if (gpt2_) {
+      const at::Tensor c = h - h.mean(-1, true);
+      if (plain) inv[prefix] = at::rsqrt(c.pow(2).mean(-1, true) + eps_);
+      return c * inv[prefix] * w(prefix + ".weight") + w(prefix + ".bias");
+    }
+    if (plain) inv[prefix] = at::rsqrt(h.pow(2).mean(-1, true) + eps_);
+    return h * inv[prefix] * w(prefix + ".weight");
+  }
+
+  at::Tensor attention(const at::Tensor& a, int64_t l) {
+    const std::string p = gpt2_ ? "transformer.h." + std::to_string(l) + ".attn."
+                                : "model.layers." + std::to_string(l) + ".self_attn.";
+    const int64_t d = a.size(1);
+    at::Tensor v;
+    if (gpt2_) {
+      v = (at::matmul(a, w(p + "c_attn.weight")) + w(p + "c_attn.bias")).narrow(1, 2 * d, d);
+    } else {
+      v = at::matmul(a, w(p + "v_proj.weight").t());
+    }
+    const int64_t D = gpt2_ ? d / H_ : w(p + "q_proj.weight").size(0) / H_;
+    const int64_t Hkv = v.size(1) / D;
+    at::Tensor vh = v.view({T_, Hkv, D}).permute({1, 0, 2}).repeat_interleave(H_ / Hkv, 0);  // [H, T, D]
+    const at::Tensor z = at::matmul(probs_[l], vh).permute({1, 0, 2}).reshape({T_, H_ * D});
+    if (gpt2_) return at::matmul(z, w(p + "c_proj.weight")) + w(p + "c_proj.bias");
+    return at::matmul(z, w(p + "o_proj.weight").t());
+  }
+
+  at::Tensor mlp(const at::Tensor& x, int64_t l) {
+    if (gpt2_) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".mlp.";
+      const at::Tensor u = at::matmul(x, w(p + "c_fc.weight")) + w(p + "c_fc.bias");
+      const at::Tensor g = 0.5 * u * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (u + 0.044715 * u.pow(3))));
+      return at::matmul(g, w(p + "c_proj.weight")) + w(p + "c_proj.bias");
+    }
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    const at::Tensor gate = at::matmul(x, w(p + "gate_proj.weight").t());
+    return at::matmul(at::silu(gate) * at::matmul(x, w(p + "up_proj.weight").t()), w(p + "down_proj.weight").t());
+  }
+
+  // plain: s == nullptr (records sources and frozen quantities);
+  // frozen: the replacement on `s`.
+  void run(const ReferenceSources* s) {
+    const bool plain = s == nullptr;
+    at::Tensor h = (plain ? sources.embed : s->embed);
+    if (gpt2_) h = h + w("transformer.wpe.weight").narrow(0, 0, T_);
+    if (plain) {
+      sources.acts.assign(L_, {});
+      sources.errors.assign(L_, {});
+      pre.assign(L_, {});
+      c0_.assign(L_, {});
+    }
+    frozen_pre_.assign(L_, {});
+    for (int64_t l = 0; l < L_; ++l) {
+      const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
+      h = h + attention(norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain), l);
+      const at::Tensor x = norm(h, b + (gpt2_ ? ".ln_2" : ".post_attention_layernorm"), inv_, plain);
+      const Tc& t = tc_[l];
+      const at::Tensor p = at::matmul(t.shift ? x - t.b_dec : x, t.W_enc) + t.b_enc;
+      const at::Tensor skip = t.W_skip.defined() ? at::matmul(x, t.W_skip.t()) : at::zeros_like(x);
+      at::Tensor out;
+      if (plain) {
+        pre[l] = p;
+        at::Tensor a = at::relu(p);
+        if (t.threshold.defined()) a = a * p.gt(t.threshold);
+        if (zero_first_) a[0].zero_();
+        out = mlp(x, l);
+        at::Tensor err = out - (at::matmul(a, t.W_dec) + t.b_dec + skip);
+        c0_[l] = out[0] - skip[0];
+        if (zero_first_) err[0].zero_();
+        sources.acts[l] = a;
+        sources.errors[l] = err;
+      } else {
+        frozen_pre_[l] = p;
+        out = at::matmul(s->acts[l], t.W_dec) + t.b_dec + skip + s->errors[l];
+        if (zero_first_) out[0] = c0_[l] + skip[0];
+      }
+      h = h + out;
+    }
+    const at::Tensor r = norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv_, plain);
+    const at::Tensor logits = at::matmul(r[T_ - 1], unembed_.t());
+    if (plain) last_logits = logits;
+    frozen_logits_ = logits;
+  }
+
+  bool zero_first_, gpt2_ = false;
+  int64_t L_ = 0, H_ = 0, T_ = 0;
+  double eps_ = 1e-5;
+  std::map<std::string, at::Tensor> w_, inv_;
+  std::vector<Tc> tc_;
+  std::vector<at::Tensor> probs_, c0_, frozen_pre_;
+  at::Tensor embed_weight_, unembed_, frozen_logits_;
+};
+
+}  // namespace flex_test

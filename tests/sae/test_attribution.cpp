@@ -1,0 +1,287 @@
+// Attribution graphs (flex/sae/attribution.h) against an independent
+// computation: tests/common/attribution_reference.h writes GPT-2 and Llama
+// out by hand in float64 with the attention patterns and norm denominators
+// frozen and per-layer transcoders applied by hand. On the float64 fixture
+// models with random transcoders (plain ReLU, skip, JumpReLU):
+//   - the active features and their activations are the reference's;
+//   - every edge equals the reference's finite difference frozen(S) -
+//     frozen(S with that source zeroed) (exact for the affine replacement);
+//   - completeness: each feature's incoming edges plus its bias term (the
+//     frozen replacement with every source zeroed) sum to its pre-activation,
+//     and each logit node's to its logit minus the mean logit;
+//   - the batch size and max_feature_nodes change nothing in the rows;
+//   - typed errors for transcoders that do not fit, long prompts, options.
+#include <flex/hooks/errors.h>
+#include <flex/models/auto_model.h>
+#include <flex/sae/attribution.h>
+#include <flex/sae/attribution_graph.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "attribution_reference.h"
+#include "expect_error.h"
+#include "tensor_compare.h"
+#include "test_util.h"
+
+using namespace flex;
+
+namespace {
+
+std::shared_ptr<CausalLM> model(const std::string& name, at::ScalarType dt = at::kDouble) {
+  return load_pretrained(flex_test::fixture("models/" + name), dt);
+}
+
+// Layer l's transcoder: layer 0 plain ReLU, layer 1 skip (GPT-2) or JumpReLU
+// skip (Llama); hooks named as circuit-tracer names them, or as modules.
+std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, at::ScalarType dt, int64_t d_sae = 24,
+                                                           int64_t seed = 5) {
+  const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers;
+  const bool gpt2 = m.base_model_prefix() == "transformer";
+  std::vector<std::shared_ptr<SparseDictionary>> out;
+  at::manual_seed(seed);
+  for (int64_t l = 0; l < L; ++l) {
+    SaeConfig c;
+    c.architecture = l == 0 ? SaeArchitecture::Transcoder
+                            : (gpt2 ? SaeArchitecture::SkipTranscoder : SaeArchitecture::JumpReLUSkipTranscoder);
+    c.d_in = c.d_out = d;
+    c.d_sae = d_sae;
+    c.dtype = dt;
+    c.apply_b_dec_to_input = false;
+    const std::string ls = std::to_string(l);
+    if (l == 0) {
+      c.hook_name = "blocks.0.mlp.hook_in";
+      c.hook_name_out = "blocks.0.mlp.hook_out";
+    } else {
+      c.hook_name = (gpt2 ? "transformer.h." : "model.layers.") + ls + (gpt2 ? ".ln_2" : ".post_attention_layernorm");
+      c.hook_name_out = "blocks." + ls + ".hook_mlp_out";
+    }
+    c.source = "test/layer_" + ls;
+    auto t = std::make_shared<SparseDictionary>(c);
+    at::NoGradGuard ng;
+    // Inputs have unit scale per coordinate after the norm (weight ~1): pre-activations of a few units.
+    const double in_scale = gpt2 ? 0.25 : 2.0;
+    t->set_tensor("W_enc", (at::randn({d, d_sae}) * in_scale / std::sqrt(double(d))).to(dt));
+    t->set_tensor("b_enc", (at::randn({d_sae}) * 0.3).to(dt));
+    t->set_tensor("W_dec", (at::randn({d_sae, d}) * 0.2).to(dt));
+    t->set_tensor("b_dec", (at::randn({d}) * 0.1).to(dt));
+    if (c.has_skip()) t->set_tensor("W_skip", (at::randn({d, d}) * 0.05).to(dt));
+    if (c.jump()) t->set_tensor("threshold", (at::rand({d_sae}) * 0.3).to(dt));
+    out.push_back(t);
+  }
+  return out;
+}
+
+at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }
+
+// The reference's edge matrix for the graph's nodes: rows = the graph's
+// feature targets then its logit targets, columns = its sources.
+struct ReferenceEdges {
+  at::Tensor edges;   // [S + K, S + L*T + T]
+  at::Tensor value;   // [S + K] every target's value at the recorded sources
+  at::Tensor bias;    // [S + K] with every source zeroed
+};
+
+ReferenceEdges reference_edges(flex_test::AttributionReference& ref, const AttributionGraph& g) {
+  const at::Tensor feats = g.active_features.index_select(0, g.selected_features);
+  ReferenceEdges r;
+  r.value = ref.targets(ref.sources, feats, g.logit_tokens);
+  r.bias = ref.targets(ref.zeroed(), feats, g.logit_tokens);
+  const int64_t S = g.n_features(), L = g.n_layers, T = g.n_pos;
+  std::vector<at::Tensor> cols;
+  for (int64_t i = 0; i < S + L * T + T; ++i) {
+    auto s = ref.copy();
+    if (i < S) {
+      s.acts[feats[i][0].item<int64_t>()][feats[i][1].item<int64_t>()][feats[i][2].item<int64_t>()] = 0.0;
+    } else if (i < S + L * T) {
+      s.errors[(i - S) / T][(i - S) % T].zero_();
+    } else {
+      s.embed[i - S - L * T].zero_();
+    }
+    cols.push_back(r.value - ref.targets(s, feats, g.logit_tokens));
+  }
+  r.edges = at::stack(cols, 1);
+  return r;
+}
+
+// The graph's rows for its feature and logit targets, over its source columns.
+at::Tensor target_rows(const AttributionGraph& g) {
+  const int64_t S = g.n_features(), K = g.logit_tokens.size(0), N = g.n_nodes(), C = g.logit_offset();
+  return at::cat({g.adjacency.narrow(0, 0, S), g.adjacency.narrow(0, N - K, K)}).narrow(1, 0, C);
+}
+
+void check_against_reference(const std::string& name) {
+  auto m = model(name);
+  auto tc = transcoders(*m, at::kDouble);
+  AttributionOptions o;
+  o.batch_size = 7;  // several passes, targets of both layers and logits mixed in one
+  o.max_n_logits = 4;
+  o.desired_logit_prob = 0.99;
+  const AttributionGraph g = attribute(*m, tc, prompt(), o);
+  flex_test::AttributionReference ref(*m, tc, prompt());
+
+  // The active features are the reference's, with its activations.
+  const int64_t L = g.n_layers, T = g.n_pos;
+  std::vector<at::Tensor> expect;
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor nz = ref.sources.acts[l].nonzero();
+    expect.push_back(at::cat({at::full({nz.size(0), 1}, l, at::kLong), nz}, 1));
+  }
+  ASSERT_TRUE(flex_test::equal(g.active_features, at::cat(expect))) << name;
+  ASSERT_GT(g.active_features.size(0), 20) << name << ": too few active features to test anything";
+  ASSERT_LT(g.active_features.size(0), L * (T - 1) * 24) << name << ": every feature active";
+  const at::Tensor f = g.active_features;
+  std::vector<at::Tensor> acts, pres;
+  for (int64_t i = 0; i < f.size(0); ++i) {
+    acts.push_back(ref.sources.acts[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()]);
+    pres.push_back(ref.pre[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()]);
+  }
+  EXPECT_TRUE(flex_test::close(g.activations, at::stack(acts), 1e-9, 1e-11)) << name;
+  EXPECT_TRUE(flex_test::close(g.pre_activations, at::stack(pres), 1e-9, 1e-11)) << name;
+  // Logit targets: the most probable tokens.
+  const at::Tensor p = at::softmax(ref.last_logits, -1);
+  EXPECT_TRUE(flex_test::equal(g.logit_tokens, std::get<1>(at::topk(p, g.logit_tokens.size(0))))) << name;
+  EXPECT_TRUE(flex_test::close(g.logit_probabilities, std::get<0>(at::topk(p, g.logit_tokens.size(0))), 1e-9)) << name;
+
+  // Every edge: the reference's finite difference.
+  const ReferenceEdges r = reference_edges(ref, g);
+  const at::Tensor rows = target_rows(g);
+  const double scale = r.edges.abs().max().item<double>();
+  EXPECT_TRUE(flex_test::close(rows, r.edges, 1e-8, 1e-10 * scale)) << name << ": edges vs frozen-replacement differences";
+  std::cout << name << ": " << g.n_features() << " features, " << g.n_nodes() << " nodes; largest |edge - reference| "
+            << (rows - r.edges).abs().max().item<double>() << " (largest edge " << scale << ")\n";
+  // Error and token nodes have no incoming edges.
+  EXPECT_EQ(g.adjacency.narrow(0, g.error_offset(), L * T + T).abs().sum().item<double>(), 0.0);
+  // Upstream only: no edge from a feature of the same or a later layer, or a later position.
+  for (int64_t t = 0; t < g.n_features(); ++t)
+    for (int64_t s = 0; s < g.n_features(); ++s) {
+      const auto ft = f[g.selected_features[t].item<int64_t>()], fs = f[g.selected_features[s].item<int64_t>()];
+      if (fs[0].item<int64_t>() >= ft[0].item<int64_t>() || fs[1].item<int64_t>() > ft[1].item<int64_t>())
+        ASSERT_EQ(g.adjacency[t][s].item<double>(), 0.0) << name << ": edge " << s << " -> " << t;
+    }
+
+  // Completeness: incoming edges + bias term = the target's value.
+  const at::Tensor sums = rows.sum(1) + r.bias;
+  const at::Tensor values = at::cat({g.pre_activations.index_select(0, g.selected_features), r.value.narrow(0, g.n_features(), g.logit_tokens.size(0))});
+  EXPECT_TRUE(flex_test::close(sums, values, 1e-9, 1e-10)) << name << ": completeness";
+  EXPECT_TRUE(flex_test::close(r.value.narrow(0, 0, g.n_features()), g.pre_activations.index_select(0, g.selected_features), 1e-9, 1e-10))
+      << name << ": the frozen reference at the recorded sources gives the pre-activations";
+  std::cout << name << ": completeness, largest |sum of edges + bias - value| " << (sums - values).abs().max().item<double>()
+            << "\n";
+}
+
+}  // namespace
+
+TEST(Attribution, Gpt2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2"); }
+TEST(Attribution, LlamaEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama"); }
+
+TEST(Attribution, BatchSizeAndFeatureBudgetLeaveRowsAlone) {
+  auto m = model("gpt2");
+  auto tc = transcoders(*m, at::kDouble);
+  AttributionOptions a;
+  a.batch_size = 1000;
+  const AttributionGraph all = attribute(*m, tc, prompt(), a);
+  AttributionOptions b;
+  b.batch_size = 3;
+  b.max_feature_nodes = 10;
+  b.update_interval = 1;
+  const AttributionGraph some = attribute(*m, tc, prompt(), b);
+  ASSERT_EQ(some.n_features(), 10);
+  EXPECT_TRUE(flex_test::equal(some.active_features, all.active_features));
+  // The visited features' rows are the full graph's rows at the kept columns.
+  const at::Tensor sel = some.selected_features;
+  const int64_t C = all.logit_offset(), S = all.n_features();
+  const at::Tensor cols = at::cat({sel, at::arange(S, C + all.logit_tokens.size(0), at::kLong)});
+  const at::Tensor expect_rows = all.adjacency.index_select(0, sel).index_select(1, cols);
+  EXPECT_TRUE(flex_test::close(some.adjacency.narrow(0, 0, 10), expect_rows, 1e-10, 1e-12));
+  const int64_t K = all.logit_tokens.size(0);
+  EXPECT_TRUE(flex_test::close(some.adjacency.narrow(0, some.n_nodes() - K, K),
+                               all.adjacency.narrow(0, all.n_nodes() - K, K).index_select(1, cols), 1e-10, 1e-12));
+}
+
+TEST(Attribution, Float32GraphIsTheFloat64OneWithinFloat32Rounding) {
+  auto m64 = model("llama");
+  auto m32 = model("llama", at::kFloat);
+  const AttributionGraph g64 = attribute(*m64, transcoders(*m64, at::kDouble), prompt());
+  const AttributionGraph g32 = attribute(*m32, transcoders(*m32, at::kFloat), prompt());
+  ASSERT_TRUE(flex_test::equal(g32.active_features, g64.active_features));
+  EXPECT_EQ(g32.adjacency.scalar_type(), at::kFloat);
+  const double scale = g64.adjacency.abs().max().item<double>();
+  EXPECT_TRUE(flex_test::close(g32.adjacency.to(at::kDouble), g64.adjacency, 1e-4, 1e-5 * scale));
+}
+
+TEST(Attribution, PruningKeepsTokensLogitsAndTheStrongestPaths) {
+  auto m = model("gpt2");
+  const AttributionGraph g = attribute(*m, transcoders(*m, at::kDouble), prompt());
+  const PrunedGraph all = prune_graph(g, 1.0, 1.0);
+  const PrunedGraph p = prune_graph(g, 0.5, 0.9);
+  const int64_t N = g.n_nodes(), K = g.logit_tokens.size(0), T = g.n_pos;
+  EXPECT_TRUE(p.node_mask.narrow(0, N - K - T, K + T).all().item<bool>());
+  EXPECT_LT(p.node_mask.sum().item<int64_t>(), all.node_mask.sum().item<int64_t>());
+  EXPECT_LT(p.edge_mask.sum().item<int64_t>(), all.edge_mask.sum().item<int64_t>());
+  // Kept edges join kept nodes; every kept feature has an edge in and out.
+  const at::Tensor e = p.edge_mask.nonzero();
+  for (int64_t i = 0; i < e.size(0); ++i) {
+    EXPECT_TRUE(p.node_mask[e[i][0]].item<bool>());
+    EXPECT_TRUE(p.node_mask[e[i][1]].item<bool>());
+  }
+  for (int64_t i = 0; i < g.n_features(); ++i)
+    if (p.node_mask[i].item<bool>()) {
+      EXPECT_TRUE(p.edge_mask[i].any().item<bool>()) << "feature " << i << " kept without incoming edge";
+      EXPECT_TRUE(p.edge_mask.select(1, i).any().item<bool>()) << "feature " << i << " kept without outgoing edge";
+    }
+  // Cumulative scores: in [0, 1], the most influential node first.
+  EXPECT_LE(p.cumulative_scores.max().item<double>(), 1.0 + 1e-9);
+  flex_test::expect_error<ConfigError>([&] { prune_graph(g, 1.5, 0.9); }, {"node_threshold", "1.5"});
+  flex_test::expect_error<ConfigError>([&] { prune_graph(g, 0.5, -0.1); }, {"edge_threshold"});
+}
+
+TEST(Attribution, TypedErrors) {
+  auto m = model("gpt2");
+  auto tc = transcoders(*m, at::kDouble);
+  // A transcoder of another width.
+  {
+    SaeConfig c = tc[1]->config();
+    c.d_in = c.d_out = 32;
+    c.source = "tc/narrow";
+    auto narrow = std::make_shared<SparseDictionary>(c);
+    auto bad = tc;
+    bad[1] = narrow;
+    flex_test::expect_error<ShapeError>([&] { attribute(*m, bad, prompt()); }, {"tc/narrow", "[32, 24]", "64"});
+  }
+  // A transcoder reading another layer, or writing somewhere else.
+  {
+    SaeConfig c = tc[0]->config();
+    c.hook_name = "blocks.1.hook_mlp_in";
+    c.source = "tc/wrong_layer";
+    auto bad = tc;
+    bad[0] = std::make_shared<SparseDictionary>(c);
+    flex_test::expect_error<ConfigError>([&] { attribute(*m, bad, prompt()); }, {"tc/wrong_layer", "blocks.1.hook_mlp_in", "layer 0"});
+    c.hook_name = "blocks.0.mlp.hook_in";
+    c.hook_name_out = "blocks.0.hook_resid_post";
+    bad[0] = std::make_shared<SparseDictionary>(c);
+    flex_test::expect_error<ConfigError>([&] { attribute(*m, bad, prompt()); }, {"tc/wrong_layer", "hook_resid_post"});
+  }
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, {tc[0]}, prompt()); }, {"1 transcoders", "2 layers"});
+  // A prompt longer than the context (64 positions).
+  flex_test::expect_error<ShapeError>([&] { attribute(*m, tc, at::ones({65}, at::kLong)); }, {"65 tokens", "context of 64"});
+  AttributionOptions o;
+  o.desired_logit_prob = 1.5;
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, tc, prompt(), o); }, {"desired_logit_prob"});
+  o = {};
+  o.max_n_logits = 0;
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, tc, prompt(), o); }, {"max_n_logits"});
+  o = {};
+  o.batch_size = 0;
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, tc, prompt(), o); }, {"batch_size"});
+}
+
+TEST(Attribution, LeavesTheModelsParametersAsTheyWere) {
+  auto m = model("gpt2");
+  auto params = m->parameters();
+  params[0].set_requires_grad(true);
+  params[1].set_requires_grad(false);
+  attribute(*m, transcoders(*m, at::kDouble), prompt());
+  EXPECT_TRUE(params[0].requires_grad());
+  EXPECT_FALSE(params[1].requires_grad());
+}
