@@ -45,9 +45,12 @@ def main():
     blocks = [f"transformer.h.{i}" for i in range(args.layers)]
     engines = {"flexmodel": flexmodel.from_pretrained(folder), "torch": hf}
 
+    def wrap(model, out):  # the Transformers model on PyTorch's hooks (it would run in flexmodel's engine)
+        return flexmodel.FlexModel(model, out, engine="torch" if model is hf else None)
+
     def hooks_capture(model):
         out = {}
-        fm = flexmodel.FlexModel(model, out)
+        fm = wrap(model, out)
         for b in blocks:
             fm.register_forward_hook(flexmodel.HookFunction(b))
         fm(ids)
@@ -55,7 +58,7 @@ def main():
         return len(out)
 
     def trace_capture(model):
-        fm = flexmodel.FlexModel(model, {})
+        fm = wrap(model, {})
         saved = {}
         with fm.trace(ids):
             for i in range(args.layers):
@@ -64,7 +67,7 @@ def main():
         return len(saved)
 
     def hooks_edit(model):
-        fm = flexmodel.FlexModel(model, {})
+        fm = wrap(model, {})
         for b in blocks:
             fm.register_forward_hook(flexmodel.HookFunction(b, save=False,
                                                             editing_function=lambda m, x, c, mods: x + vector))
@@ -72,7 +75,7 @@ def main():
         fm.restore()
 
     def trace_edit(model):
-        fm = flexmodel.FlexModel(model, {})
+        fm = wrap(model, {})
         with fm.trace(ids):
             for i in range(args.layers):
                 fm.transformer.h[i].output = fm.transformer.h[i].output + vector

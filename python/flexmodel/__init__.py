@@ -40,6 +40,7 @@ from .errors import (  # noqa: E402,F401
     NumericError, ShapeError, UnsupportedError)
 from .modeling import Module, PreTrainedModel, from_pretrained  # noqa: E402,F401
 from .flex_model import FlexModel, HookFunction  # noqa: E402,F401
+from .transformers_model import from_transformers  # noqa: E402,F401
 from .big_modeling import (  # noqa: E402,F401
     cpu_offload, disk_offload, dispatch_model, from_config, infer_auto_device_map, init_empty_weights,
     load_checkpoint_and_dispatch)

@@ -12,12 +12,13 @@ runs entirely in C++; a Python editing function is called inside the C++ hook
 with the GIL held only for that call.
 """
 import types
+import warnings
 import weakref
 
 import torch
 
 from . import _C
-from .errors import ConfigError, NotFoundError, UnsupportedError
+from .errors import ConfigError, Error, NotFoundError, UnsupportedError
 from .modeling import _engine_module
 
 
@@ -76,12 +77,33 @@ def _engine_edit(fm, fn, what):
     return call
 
 
+def _adopt(module, required=False):
+    """flexmodel's model around a Transformers model of a known model_type (flexmodel's engine), or None
+    (the torch engine): for any other module, and, with a warning saying why, where adopting fails.
+    required (engine="flexmodel"): the reason is raised instead."""
+    from .transformers_model import from_transformers, model_type_of
+    if required:
+        return from_transformers(module)
+    if model_type_of(module) is None:
+        return None
+    try:
+        return from_transformers(module)
+    except Error as e:
+        warnings.warn(f"flexmodel.FlexModel: {type(module).__name__} runs on the torch engine, not flexmodel's: {e}",
+                      stacklevel=3)
+        return None
+
+
 class FlexModel:
     """Wraps a flexmodel model: hooks by module name, captures into ``output_ptr``.
 
     module: a model from :func:`flexmodel.from_pretrained` (or a flexmodel.Module), run by flexmodel's
-        engine (``fm.engine == "flexmodel"``); or any ``torch.nn.Module``, run by PyTorch with the same
-        API on its module hooks (``fm.engine == "torch"``, :mod:`flexmodel.torch_engine`).
+        engine (``fm.engine == "flexmodel"``); a Transformers model whose model_type flexmodel knows, run by
+        flexmodel's engine on the Transformers model's own tensors (:func:`flexmodel.from_transformers`;
+        ``restore()`` returns the Transformers model); or any other ``torch.nn.Module``, run by PyTorch with
+        the same API on its module hooks (``fm.engine == "torch"``, :mod:`flexmodel.torch_engine`).
+    engine: None (as above), "torch" (a Transformers model on PyTorch's hooks even where flexmodel knows its
+        architecture) or "flexmodel" (an error saying why, instead of the torch engine).
     output_ptr: a dict; after each forward it maps every capturing hook's key (the module
         name; ``name#input`` for pre-hooks, ``name#grad_input`` / ``#grad_output`` / ``#grad``
         for gradient hooks) to a CPU tensor, or a list of tensors when the module ran
@@ -93,13 +115,23 @@ class FlexModel:
     _tracer = None       # the open trace (flexmodel.tracing), if any
     _tree = None         # module path -> its children's names, for tracing's attribute access
 
-    def __new__(cls, module=None, *args, **kwargs):
+    _adopted = None      # flexmodel's model around a Transformers model's tensors (from_transformers)
+
+    def __new__(cls, module=None, *args, engine=None, **kwargs):
+        if engine not in (None, "flexmodel", "torch"):
+            raise ConfigError(f"engine must be None (chosen by the module), 'flexmodel' or 'torch', got {engine!r}")
         if cls is FlexModel and isinstance(module, torch.nn.Module):
-            from .torch_engine import TorchFlexModel
-            return object.__new__(TorchFlexModel)
+            adopted = None if engine == "torch" else _adopt(module, required=engine == "flexmodel")
+            if adopted is None:
+                from .torch_engine import TorchFlexModel
+                return object.__new__(TorchFlexModel)
+            fm = object.__new__(cls)
+            fm._adopted = adopted
+            return fm
         return object.__new__(cls)
 
-    def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
+    def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+                 engine=None):
         if not isinstance(output_ptr, dict):
             raise ConfigError(f"output_ptr must be a dict, got {type(output_ptr).__name__}")
         self.module = module
@@ -109,7 +141,9 @@ class FlexModel:
         self.tp_size, self.pp_size, self.dp_size = tensor_parallel_size, pipeline_parallel_size, data_parallel_size
         self._hooks = {}  # engine hook key -> HookFunction
         self._stored = {}  # output_ptr entries the last forward wrote
-        engine_module = _engine_module(module)
+        if engine == "torch" and type(self) is FlexModel:
+            raise ConfigError("engine='torch' takes a torch.nn.Module; a flexmodel model runs on flexmodel's engine")
+        engine_module = _engine_module(module if self._adopted is None else self._adopted)
         self._mesh = None
         if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
             # Every rank of the job (mpirun -np tp*pp*dp) loaded the same model; each keeps its slices
@@ -314,9 +348,10 @@ class FlexModel:
         hook._cpp = hook._handle = None
 
     def _generate_for_trace(self, input_ids, attention_mask=None, **kwargs):
-        if not hasattr(self.module, "generate"):
+        model = self.module if self._adopted is None else self._adopted
+        if not hasattr(model, "generate"):
             raise UnsupportedError("tracing generate needs a causal LM from flexmodel.from_pretrained")
-        return self.module.generate(input_ids, attention_mask, **kwargs)
+        return model.generate(input_ids, attention_mask, **kwargs)
 
     # --- nnsight-style tracing (flexmodel.tracing) ------------------------------------
     def trace(self, *args, **kwargs):

@@ -180,7 +180,8 @@ class TorchFlexModel(FlexModel):
 
     engine = "torch"
 
-    def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1):
+    def __init__(self, module, output_ptr, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+                 engine=None):
         if not isinstance(output_ptr, dict):
             raise ConfigError(f"output_ptr must be a dict, got {type(output_ptr).__name__}")
         if not isinstance(module, torch.nn.Module):

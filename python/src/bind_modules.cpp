@@ -6,6 +6,9 @@
 #include <flex/dispatch/big_modeling.h>
 #include <flex/dispatch/device_map.h>
 #include <flex/dispatch/memory.h>
+#include <flex/models/adopt_weights.h>
+#include <flex/models/architecture.h>
+#include <flex/models/config.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/from_pretrained.h>
 #include <flex/models/generate.h>
@@ -151,6 +154,19 @@ void bind_modules(py::module_& m) {
       },
       py::arg("path"), py::arg("strategy"), py::arg("device_map"), py::arg("max_memory"), py::arg("offload_folder"),
       py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"));
+
+  m.def("knows_model_type", [](const std::string& model_type) { return find_architecture(model_type) != nullptr; },
+        "Whether flexmodel has an architecture for this config.model_type");
+  m.def(
+      "adopt_weights",
+      [](const std::string& config_json, const std::map<std::string, at::Tensor>& parameters,
+         const std::map<std::string, at::Tensor>& buffers, const std::string& what) {
+        const ModelConfig cfg = parse_config(nlohmann::json::parse(config_json), what + ".config");
+        py::gil_scoped_release nogil;
+        return adopt_weights(cfg, parameters, buffers, what);
+      },
+      py::arg("config_json"), py::arg("parameters"), py::arg("buffers"), py::arg("what"),
+      "A causal LM of the config around the given tensors (their storage, no copy): flex/models/adopt_weights.h");
 }
 
 }  // namespace flex::python

@@ -330,7 +330,7 @@ def test_transformers_model_wrapped_as_a_torch_module():
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
     out = {}
-    fm = flexmodel.FlexModel(hf, out)
+    fm = flexmodel.FlexModel(hf, out, engine="torch")  # GPT-2 would run in flexmodel's engine without it
     assert fm.engine == "torch"
     fm.register_forward_hook(flexmodel.HookFunction("transformer.h.0", expected_shape=(2, 7, 32)))
     fm.register_forward_hook(flexmodel.HookFunction("transformer.h.1.attn", unpack_idx=0))

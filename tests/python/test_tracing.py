@@ -54,7 +54,7 @@ def fm_for(engine, make, tmp_path):
     flexmodel's engine loads what that model saved (same weights)."""
     hf = make()
     if engine == "torch":
-        return flexmodel.FlexModel(copy.deepcopy(hf), {}), hf
+        return flexmodel.FlexModel(copy.deepcopy(hf), {}, engine="torch"), hf
     hf.save_pretrained(tmp_path)
     return flexmodel.FlexModel(flexmodel.from_pretrained(tmp_path), {}), hf
 
@@ -130,7 +130,7 @@ def test_stop_ends_the_forward_like_nnsight(engine, tmp_path):
 
 
 def test_trace_at_module_level_and_value_attribute():
-    fm = flexmodel.FlexModel(gpt2(), {})
+    fm = flexmodel.FlexModel(gpt2(), {}, engine="torch")
     with torch.no_grad(), fm.trace(IDS):
         h = fm.transformer.h[-1].output.save()
         unsaved = fm.transformer.h[0].output
@@ -145,7 +145,7 @@ def test_trace_at_module_level_and_value_attribute():
 
 
 def test_tracing_misuse_is_typed():
-    fm = flexmodel.FlexModel(gpt2(), {})
+    fm = flexmodel.FlexModel(gpt2(), {}, engine="torch")
     with pytest.raises(flexmodel.ConfigError, match="only available inside"):
         fm.transformer.h[0].output  # noqa: B018
     with pytest.raises(AttributeError, match="closest"):
