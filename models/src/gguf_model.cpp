@@ -7,8 +7,11 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/module.h>
+#include <flex/hooks/nn.h>
+#include <flex/kernels/ggml_linear.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/config.h>
+#include <flex/quant/ggml_format.h>
 
 #include <ATen/ATen.h>
 
@@ -148,20 +151,42 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   return c;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& f) {
-  const nlohmann::json c = gguf_config_json(f);
-  const int64_t heads = c["num_attention_heads"], kv_heads = c["num_key_value_heads"];
-  const bool permuted = gguf_arch(f.get_string("general.architecture"))->permuted_qk;
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& g : f.tensor_names()) {
-    const std::string name = llama_name(g);
-    if (name.empty())
+namespace {
+
+// How a model's tensors come out of the file: names, and the q/k rows to un-permute.
+struct GgufTensorPlan {
+  int64_t heads, kv_heads;
+  bool permuted;
+  explicit GgufTensorPlan(const GgufFile& f) {
+    const nlohmann::json c = gguf_config_json(f);
+    heads = c["num_attention_heads"];
+    kv_heads = c["num_key_value_heads"];
+    permuted = gguf_arch(f.get_string("general.architecture"))->permuted_qk;
+  }
+  // Transformers' name of GGUF tensor g; UnsupportedError when it has none.
+  std::string name(const GgufFile& f, const std::string& g) const {
+    const std::string n = llama_name(g);
+    if (n.empty())
       throw UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
                              "' has no counterpart in the Transformers model that flexmodel knows");
-    at::Tensor t = f.dequantize(g);
-    if (permuted && name.find(".q_proj.") != std::string::npos) t = unpermute_rows(t, heads, f.path(), g);
-    if (permuted && name.find(".k_proj.") != std::string::npos) t = unpermute_rows(t, kv_heads, f.path(), g);
-    out.emplace_back(name, t);
+    return n;
+  }
+  // t (float, or the stored bytes as [rows, row bytes]) in Transformers' row order.
+  at::Tensor rows_in_order(const GgufFile& f, const std::string& g, const std::string& n, at::Tensor t) const {
+    if (permuted && n.find(".q_proj.") != std::string::npos) return unpermute_rows(t, heads, f.path(), g);
+    if (permuted && n.find(".k_proj.") != std::string::npos) return unpermute_rows(t, kv_heads, f.path(), g);
+    return t;
+  }
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& f) {
+  const GgufTensorPlan plan(f);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& g : f.tensor_names()) {
+    const std::string name = plan.name(f, g);
+    out.emplace_back(name, plan.rows_in_order(f, g, name, f.dequantize(g)));
   }
   return out;
 }
@@ -179,10 +204,35 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
     EmptyInit scope;
     model = build_causal_lm(cfg, at::TensorOptions().dtype(dtype));
   }
+  // Matrices of dense layers in a type ggml_linear computes on stay as their
+  // stored bytes (o.gguf_quantized); everything else is dequantized.
+  const GgufTensorPlan plan(*f);
   std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, uint32_t> quantized;  // model name -> ggml type, for tensors kept as bytes
   std::map<std::string, std::string> stored;  // model name -> GGUF name, for messages
-  for (const auto& g : f->tensor_names()) stored[llama_name(g)] = g;
-  for (auto& [name, t] : gguf_state_dict(*f)) tensors.emplace(name, std::move(t));
+  for (const auto& g : f->tensor_names()) {
+    const std::string name = plan.name(*f, g);
+    stored[name] = g;
+    const GgufTensorInfo& info = f->tensor(g);
+    DenseLayer* dense = nullptr;
+    const size_t dot = name.rfind('.');
+    if (o.gguf_quantized && ggml_linear_supports(info.type) && info.shape.size() == 2 &&
+        name.compare(dot, std::string::npos, ".weight") == 0) {
+      try {
+        dense = dynamic_cast<DenseLayer*>(model->get_submodule(name.substr(0, dot)).get());
+      } catch (const NotFoundError&) {
+        dense = nullptr;  // no such module: the checks below name the tensor
+      }
+    }
+    if (dense && !dynamic_cast<Conv1D*>(dense)) {
+      const at::Tensor raw = f->raw(g).view({info.shape[0], -1});
+      tensors.emplace(name, plan.rows_in_order(*f, g, name, raw));
+      quantized.emplace(name, info.type);
+    } else {
+      tensors.emplace(name, plan.rows_in_order(*f, g, name, f->dequantize(g)));
+    }
+  }
+  const GgmlActivations activations = o.fast_activations ? GgmlActivations::Q8 : GgmlActivations::Float;
 
   std::set<std::string> tied_out;
   const std::string prefix = model->base_model_prefix() + ".";
@@ -199,6 +249,21 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
         continue;
       }
       at::Tensor t = it->second;
+      if (auto q = quantized.find(name); q != quantized.end()) {
+        auto* dense = dynamic_cast<DenseLayer*>(model->get_submodule(name.substr(0, name.rfind('.'))).get());
+        if (t.size(0) != current.size(0) || f->tensor(stored[name]).shape != current.sizes().vec()) {
+          std::ostringstream m;
+          m << "GGUF file " << path << ": tensor '" << stored[name] << "' has shape "
+            << at::IntArrayRef(f->tensor(stored[name]).shape) << " but " << model->class_name()
+            << " built from its metadata expects " << current.sizes() << " for '" << name << "'";
+          throw ShapeError(m.str());
+        }
+        // Views of the mapping unless the rows were reordered (q/k) or mmap is off.
+        if (!o.mmap && t.data_ptr() == f->raw(stored[name]).data_ptr()) t = t.clone();
+        store_ggml(*dense, q->second, t, activations, dtype);
+        tensors.erase(it);
+        continue;
+      }
       if (t.sizes() != current.sizes()) {
         std::ostringstream m;
         m << "GGUF file " << path << ": tensor '" << stored[name] << "' has shape " << t.sizes() << " but "

@@ -26,6 +26,12 @@ them as the reference the C++ reader is checked against:
   llama-tiny-tied-q8_0.gguf  a Llama with tied embeddings (no output.weight,
                              as llama.cpp writes it), Q8_0, and its
     .logits.safetensors      Transformers' logits with gguf-py's weights
+  llama-mixed.gguf           one Llama block (hidden 256) whose matrices are
+                             random blocks of Q4_K, Q4_0, Q5_K, Q6_K, Q4_1,
+                             Q5_1, Q5_0 and a Q8_0 head (the quantized kernels)
+    .logits.safetensors      Transformers' logits on gguf-py's dequantized
+                             weights, for a 12-token (prefill) and a 5-token
+                             (decode-shaped) input
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -351,6 +357,95 @@ def write_llama_tiny():
               os.path.join(OUT, "llama-tiny-tied-q8_0.logits.safetensors"))
 
 
+# llama-mixed: one Llama block whose matrices are random blocks of every
+# quantized type flexmodel computes on (gguf-py quantizes no k-quant, so the
+# blocks are drawn, with scales that keep weights near the 0.3 of the other
+# tiny models), and Transformers' logits on the weights gguf-py dequantizes.
+MIXED_TYPES = {"self_attn.q_proj": T.Q4_K, "self_attn.k_proj": T.Q4_0, "self_attn.v_proj": T.Q5_K,
+               "self_attn.o_proj": T.Q6_K, "mlp.gate_proj": T.Q4_1, "mlp.up_proj": T.Q5_1, "mlp.down_proj": T.Q5_0,
+               "lm_head": T.Q8_0}
+# Scale magnitudes giving weights of roughly unit-0.3 size per type (q ranges differ).
+MIXED_SCALE = {T.Q4_K: 0.003, T.Q4_0: 0.5, T.Q5_K: 0.0015, T.Q6_K: 0.0005, T.Q4_1: 0.4, T.Q5_1: 0.2, T.Q5_0: 0.25,
+               T.Q8_0: 0.05}
+
+
+def write_llama_mixed(rng):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    torch.manual_seed(54)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    path = os.path.join(OUT, "llama-mixed.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("llama-mixed")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    back = {}
+    for name, t in model.state_dict().items():
+        parts = name.split(".")
+        if parts[0] == "lm_head":
+            gname, sub = "output.weight", "lm_head"
+        elif parts[1] == "layers":
+            sub = ".".join(parts[3:-1])
+            gname = f"blk.{parts[2]}.{per_layer[sub]}.{parts[-1]}"
+        else:
+            sub = None
+            gname = {"embed_tokens": "token_embd", "norm": "output_norm"}[parts[1]] + ".weight"
+        qt = MIXED_TYPES.get(sub)
+        if qt is None:
+            x = np.ascontiguousarray(t.float().numpy())
+            w.add_tensor(gname, x)
+            back[name] = x
+            continue
+        rows, cols = t.shape
+        raw = random_blocks(rng, qt, rows, cols)
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        for off, is_min in FP16_FIELDS[qt]:  # rescale the fp16 fields to the type's magnitude
+            f = raw.reshape(-1, size)[:, off:off + 2].copy().view(np.float16).astype(np.float32)
+            f = f / 0.04 * MIXED_SCALE[qt]
+            raw.reshape(-1, size)[:, off:off + 2] = f.astype(np.float16).view(np.uint8)
+        w.add_tensor(gname, raw, raw_dtype=qt)
+        d = gguf.quants.dequantize(raw, qt).reshape(rows, cols)
+        if sub == "self_attn.q_proj":  # the file holds llama.cpp's row order
+            d = gguf_to_hf_permute(d, cfg.num_attention_heads)
+        elif sub == "self_attn.k_proj":
+            d = gguf_to_hf_permute(d, cfg.num_key_value_heads)
+        back[name] = np.ascontiguousarray(d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    q = LlamaForCausalLM(cfg).eval()
+    q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    out = {}
+    for key, ids in (("prefill", [[1, 7, 19, 42, 3, 63, 0, 25, 11, 8, 5, 9]]), ("decode", [[1, 7, 19, 42, 3]])):
+        ids = torch.tensor(ids)
+        with torch.no_grad():
+            out[key + "_input_ids"] = ids.numpy()
+            out[key + "_logits"] = q(ids).logits.float().numpy()
+    assert np.isfinite(out["prefill_logits"]).all() and np.abs(out["prefill_logits"]).max() < 1e3
+    save_file(out, os.path.join(OUT, "llama-mixed.logits.safetensors"))
+
+
 def write_qwen2_tiny():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -382,6 +477,7 @@ def main():
     write_fuzz_seeds(rng)
     write_llama_tiny()
     write_qwen2_tiny()
+    write_llama_mixed(np.random.default_rng(54))
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

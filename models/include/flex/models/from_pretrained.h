@@ -48,6 +48,14 @@ struct PretrainedOptions {
   /// this project's 2-core VM the decode step's GEMVs read mapped file pages
   /// at ~19 GB/s against ~30 GB/s from process memory (bench_decode).
   bool mmap = true;
+  /// GGUF files: quantized matrices stay in their ggml blocks and the dense
+  /// layers compute on them (true), or every tensor is dequantized to float
+  /// at load (false: float speed and memory; a reference for the kernels).
+  bool gguf_quantized = true;
+  /// GGUF quantized layers quantize their inputs to 8 bits per 32 values and
+  /// take integer dot products, as llama.cpp does (--fast-activations);
+  /// false keeps the inputs in float (faithful captures). docs/gguf.md gives the error.
+  bool fast_activations = false;
   std::ostream* log = nullptr;
 };
 

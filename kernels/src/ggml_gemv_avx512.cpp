@@ -1,0 +1,74 @@
+// ggml_gemv_body.inc at AVX-512 (16 floats a vector). The whole file is one
+// target region, so nothing from a header is defined inside it: the
+// functions here reach the rest only through ggml_gemv_isa.h.
+#include "ggml_gemv_isa.h"
+
+#include <flex/kernels/target.h>
+
+#include <cstdint>
+
+#if FLEX_HAVE_X86_KERNELS
+FLEX_KERNELS_BEGIN
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+namespace flex::ggml_avx512 {
+namespace {
+
+using vf = __m512;
+using vi = __m512i;
+constexpr int W = 16;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset(float a) { return _mm512_set1_ps(a); }
+inline vf vld(const float* p) { return _mm512_loadu_ps(p); }
+inline void vst(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline vi ld_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vi ld_i8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vi iset(int a) { return _mm512_set1_epi32(a); }
+inline vi iand(vi a, vi b) { return _mm512_and_si512(a, b); }
+inline vi ior(vi a, vi b) { return _mm512_or_si512(a, b); }
+inline vi isub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+inline vi isrl(vi a, int n) { return _mm512_srlv_epi32(a, iset(n)); }
+inline vi isll(vi a, int n) { return _mm512_sllv_epi32(a, iset(n)); }
+inline vi isrlv(vi a, vi n) { return _mm512_srlv_epi32(a, n); }
+inline vi iota(int s) { return _mm512_add_epi32(iset(s), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }
+inline vf cvt(vi a) { return _mm512_cvtepi32_ps(a); }
+
+// 32 unsigned bytes times 32 signed bytes, summed in fours into 8 int32 lanes.
+inline __m256i idot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+
+#include "ggml_gemv_body.inc"
+#include "ggml_gemv_q8_body.inc"
+
+}  // namespace
+
+void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x, int64_t M, float* y,
+          int64_t r0, int64_t r1) {
+  gemv_float(type, w, row_bytes, N, K, x, M, y, r0, r1);
+}
+void gemv_q8(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const Q8Rows& x, float* y,
+             int64_t r0, int64_t r1) {
+  q8_rows(type, w, row_bytes, N, K, x, y, r0, r1);
+}
+void dequantize(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t r0, int64_t r1, float* out) {
+  dequant_rows(type, w, row_bytes, K, r0, r1, out);
+}
+
+}  // namespace flex::ggml_avx512
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+FLEX_KERNELS_END
+#endif

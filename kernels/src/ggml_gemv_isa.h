@@ -1,0 +1,37 @@
+#pragma once
+// The per-instruction-set entry points of ggml_linear's kernels
+// (ggml_gemv_avx512.cpp, ggml_gemv_avx2.cpp: one body, two targets), called
+// by ggml_linear.cpp after cpu_isa() picks one. Plain types only cross this
+// line, so no header code is compiled for a wider target than the build's.
+#include <cstdint>
+
+namespace flex {
+
+/// Input rows quantized to int8 per 32 values (Q8 activations).
+struct Q8Rows {
+  const int8_t* q;     // [M, K] codes in -127..127
+  const float* d;      // [M, K / 32] the scale of each 32 codes
+  const int32_t* s16;  // [M, K / 16] the sum of each 16 codes
+  int64_t M;
+};
+
+#define FLEX_GGML_ISA_ENTRY_POINTS                                                                                     \
+  /* y[m, j] = x[m] . W[j] for rows j in [r0, r1), float inputs x [M, K]. */                                         \
+  void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x, int64_t M,       \
+            float* y, int64_t r0, int64_t r1);                                                                        \
+  /* The same from Q8 inputs. */                                                                                     \
+  void gemv_q8(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const Q8Rows& x, float* y,   \
+               int64_t r0, int64_t r1);                                                                               \
+  /* Rows [r0, r1) of W dequantized into out [r1 - r0, K]. */                                                        \
+  void dequantize(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t r0, int64_t r1, float* out);
+
+namespace ggml_avx512 {
+FLEX_GGML_ISA_ENTRY_POINTS
+}
+namespace ggml_avx2 {
+FLEX_GGML_ISA_ENTRY_POINTS
+}
+
+#undef FLEX_GGML_ISA_ENTRY_POINTS
+
+}  // namespace flex

@@ -1,0 +1,184 @@
+// ggml_linear (GGUF block formats computed on directly) against float64
+// products of independently dequantized weights: gguf-py 0.19.0's own
+// dequantization of tests/data/gguf/types.gguf (scripts/golden/make_gguf.py),
+// and, for larger random weights, flexmodel's dequantizer, which
+// test_gguf checks bit for bit against gguf-py. Every instruction-set level
+// this CPU has, float and Q8 activations, decode and prefill shapes; 1 and 2
+// threads give the same bits.
+#include <flex/dispatch/gguf.h>
+#include <flex/dispatch/safetensors.h>
+#include <flex/hooks/errors.h>
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/ggml_dequant.h>
+#include <flex/kernels/ggml_linear.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "expect_error.h"
+#include "kernel_test_util.h"
+#include "tensor_compare.h"
+#include "test_util.h"
+
+namespace {
+
+const std::vector<std::pair<std::string, uint32_t>> kTypes = {
+    {"q8_0", 8}, {"q4_0", 2}, {"q4_1", 3}, {"q5_0", 6}, {"q5_1", 7}, {"q4_k", 12}, {"q5_k", 13}, {"q6_k", 14}};
+
+// |actual - expected| <= bound elementwise; on failure the largest
+// difference, where, and the bound there.
+::testing::AssertionResult within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& bound) {
+  if (actual.sizes() != expected.sizes()) return ::testing::AssertionFailure() << "shapes differ";
+  const at::Tensor diff = (actual.to(at::kDouble) - expected).abs();
+  const at::Tensor excess = diff - bound;
+  const int64_t worst = excess.reshape(-1).argmax().item<int64_t>();
+  const int64_t big = diff.reshape(-1).argmax().item<int64_t>();
+  std::ostringstream o;
+  o << "largest difference " << diff.reshape(-1)[big].item<double>() << " at flat index " << big << " (bound there "
+    << bound.reshape(-1)[big].item<double>() << ")";
+  if (excess.reshape(-1)[worst].item<double>() > 0)
+    return ::testing::AssertionFailure() << "exceeds the bound at flat index " << worst << ": difference "
+                                         << diff.reshape(-1)[worst].item<double>() << " > "
+                                         << bound.reshape(-1)[worst].item<double>() << "; " << o.str();
+  return ::testing::AssertionSuccess() << o.str();
+}
+
+// Float activations: float32 accumulation of K products, each rounded once:
+// |error| <= 2 K u sum |w x| (u = 2^-24), plus a floor for sums near zero.
+at::Tensor float_bound(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t K = w.size(1);
+  return at::mm(x.abs().to(at::kDouble), w.abs().to(at::kDouble).t()) * (2.0 * K * std::ldexp(1.0, -24)) + 1e-30;
+}
+
+// Q8 activations: each input off by at most half its block's step (max|x| / 254),
+// plus the float bound.
+at::Tensor q8_bound(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t K = x.size(1);
+  const at::Tensor amax = x.abs().reshape({x.size(0), K / 32, 32}).amax(-1, true).expand({x.size(0), K / 32, 32});
+  const at::Tensor step = (amax.reshape({x.size(0), K}) / 254.0).to(at::kDouble) * 1.0001;
+  return at::mm(step, w.abs().to(at::kDouble).t()) + 4 * float_bound(x, w);
+}
+
+at::Tensor run(flex::Isa isa, uint32_t type, const at::Tensor& raw, int64_t N, int64_t K, const at::Tensor& x,
+               flex::GgmlActivations act) {
+  at::Tensor y = at::zeros({x.size(0), N}, at::kFloat);
+  flex::ggml_gemv(isa, type, raw.data_ptr<uint8_t>(), N, K, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), 0, N,
+                  act);
+  return y;
+}
+
+TEST(GgmlLinear, EveryLevelMatchesGgufPyDequantizedProduct) {
+  auto f = flex::GgufFile::open(flex_test::data_path("gguf/types.gguf"));
+  auto golden = flex::SafetensorsFile::open(flex_test::data_path("gguf/types.dequant.safetensors"));
+  at::manual_seed(7);
+  for (const auto& [base, type] : kTypes)
+    for (const std::string& name : {base, base + ".random"}) {
+      if (!f->contains(name)) continue;
+      const at::Tensor w = golden->get(name).to(at::kFloat);
+      const int64_t N = w.size(0), K = w.size(1);
+      const at::Tensor raw = f->raw(name).contiguous();
+      for (int64_t M : {1, 3, 8}) {
+        const at::Tensor x = at::randn({M, K});
+        const at::Tensor want = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+        for (flex::Isa isa : flex_test::isa_levels()) {
+          EXPECT_TRUE(within(run(isa, type, raw, N, K, x, flex::GgmlActivations::Float), want, float_bound(x, w)))
+              << name << " " << flex::to_string(isa) << " M=" << M;
+          EXPECT_TRUE(within(run(isa, type, raw, N, K, x, flex::GgmlActivations::Q8), want, q8_bound(x, w)))
+              << name << " Q8 " << flex::to_string(isa) << " M=" << M;
+        }
+      }
+    }
+}
+
+// Random blocks of every type with fp16 scales in a model-like range.
+at::Tensor random_blocks(uint32_t type, int64_t N, int64_t K) {
+  const int64_t row_bytes = flex::ggml_row_bytes(type, K);
+  at::Tensor raw = at::randint(0, 256, {N * row_bytes}, at::kByte);
+  const flex::GgmlTypeInfo* t = flex::ggml_type_info(type);
+  uint8_t* p = raw.data_ptr<uint8_t>();
+  std::vector<int64_t> halves;  // offsets of the fp16 fields in a block
+  switch (type) {
+    case 8: case 2: case 6: halves = {0}; break;
+    case 3: case 7: case 12: case 13: halves = {0, 2}; break;
+    case 14: halves = {208}; break;
+  }
+  const at::Tensor scales = at::rand({N * K / t->block, 2}) * 0.02 + 0.001;
+  for (int64_t b = 0; b < N * K / t->block; ++b)
+    for (size_t h = 0; h < halves.size(); ++h) {
+      const uint16_t bits = c10::Half(scales[b][static_cast<int64_t>(h)].item<float>()).x;
+      std::memcpy(p + b * t->block_bytes + halves[h], &bits, 2);
+    }
+  return raw;
+}
+
+at::Tensor dequantized(uint32_t type, const at::Tensor& raw, int64_t N, int64_t K) {
+  at::Tensor w = at::empty({N, K});
+  flex::dequantize_ggml(type, raw.data_ptr<uint8_t>(), w.data_ptr<float>(), N * K);
+  return w;
+}
+
+TEST(GgmlLinear, RandomWeightsDecodeAndPrefillShapes) {
+  at::manual_seed(11);
+  const int64_t N = 48, K = 768;
+  for (const auto& [name, type] : kTypes) {
+    const at::Tensor raw = random_blocks(type, N, K);
+    const at::Tensor w = dequantized(type, raw, N, K);
+    const at::Tensor bias = at::randn({N});
+    for (int64_t M : {1, 2, 5, 8, 20}) {
+      const at::Tensor x = at::randn({M, K});
+      const at::Tensor want = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+      for (flex::Isa isa : flex_test::isa_levels()) {
+        flex::ScopedIsa cap(isa);
+        const at::Tensor y = flex::ggml_linear(type, raw, N, K, x, bias);
+        EXPECT_TRUE(within(y - bias, want, float_bound(x, w) + 1e-6))
+            << name << " " << flex::to_string(isa) << " M=" << M;
+        if (M <= flex::kGgmlGemvRows) {
+          const at::Tensor yq = flex::ggml_linear(type, raw, N, K, x, bias, flex::GgmlActivations::Q8);
+          EXPECT_TRUE(within(yq - bias, want, q8_bound(x, w) + 1e-6)) << name << " Q8 " << flex::to_string(isa);
+        }
+      }
+    }
+  }
+}
+
+TEST(GgmlLinear, OneAndTwoThreadsGiveTheSameBits) {
+  at::manual_seed(5);
+  const int64_t N = 96, K = 512;
+  for (const auto& [name, type] : kTypes) {
+    const at::Tensor raw = random_blocks(type, N, K);
+    for (int64_t M : {1, 4, 20})
+      for (auto act : {flex::GgmlActivations::Float, flex::GgmlActivations::Q8}) {
+        const at::Tensor x = at::randn({2, M, K});
+        at::Tensor one, two;
+        {
+          flex_test::ThreadsGuard t(1);
+          one = flex::ggml_linear(type, raw, N, K, x, at::Tensor(), act);
+        }
+        {
+          flex_test::ThreadsGuard t(2);
+          two = flex::ggml_linear(type, raw, N, K, x, at::Tensor(), act);
+        }
+        EXPECT_EQ(one.sizes(), (std::vector<int64_t>{2, M, N}));
+        EXPECT_TRUE(flex_test::equal(one, two)) << name << " M=" << M;
+      }
+  }
+}
+
+TEST(GgmlLinear, BadShapesAndTypesAreTypedErrors) {
+  const at::Tensor raw = at::zeros({4 * 34}, at::kByte);
+  flex_test::expect_error<flex::UnsupportedError>(
+      [&] { flex::ggml_linear(10, raw, 4, 32, at::zeros({1, 32}), at::Tensor()); }, {"Q2_K"});
+  flex_test::expect_error<flex::ShapeError>(
+      [&] { flex::ggml_linear(8, raw, 4, 32, at::zeros({1, 16}), at::Tensor()); }, {"[1, 16]", "32"});
+  flex_test::expect_error<flex::ShapeError>(
+      [&] { flex::ggml_linear(8, raw, 5, 32, at::zeros({1, 32}), at::Tensor()); }, {"Q8_0", "170"});
+  flex_test::expect_error<flex::ShapeError>([&] { flex::ggml_row_bytes(12, 300); }, {"300", "Q4_K"});
+}
+
+}  // namespace
