@@ -7,7 +7,9 @@
 #             stages), valgrind, and pytest + Transformers for tests/python.
 #     --bench adds the peers bench/python/bench_python.py compares with:
 #             nnsight, TransformerLens, Accelerate and Vector Institute's
-#             FlexModel (PyPI flex-model), with Transformers, all pinned.
+#             FlexModel (PyPI flex-model), with Transformers, all pinned;
+#             and llama.cpp (llama-cpp-python, built here) with gguf-py for
+#             bench_decode's GGUF comparison.
 #
 # libtorch comes from PyTorch's wheel, pinned: installed first and on its own,
 # because any later package that asks for "torch" unpinned would otherwise
@@ -92,5 +94,17 @@ sys.exit(any(m.version(d) != v for d, v in want.items()))" "$bench_want" 2>/dev/
     echo "flexmodel: installing $bench_want (Python bench)" >&2
     # shellcheck disable=SC2086
     pip_install $bench_want "torch==$torch_version"
+  fi
+  # llama.cpp, the GGUF peer of bench/bench_decode (bench/peers/llama_cpp_peer.py),
+  # built natively from its sdist (the CPU's own vector units; a few minutes on
+  # 2 cores), and gguf-py for bench/peers/make_bench_gguf.py.
+  gguf_want="llama-cpp-python==0.3.36 gguf==0.19.0"
+  if ! "$python" -c "
+import importlib.metadata as m, sys
+want = dict(p.split('==') for p in sys.argv[1].split())
+sys.exit(any(m.version(d) != v for d, v in want.items()))" "$gguf_want" 2>/dev/null; then
+    echo "flexmodel: installing $gguf_want (GGUF bench peer; builds llama.cpp)" >&2
+    # shellcheck disable=SC2086
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) pip_install $gguf_want "torch==$torch_version"
   fi
 fi
