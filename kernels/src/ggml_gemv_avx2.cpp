@@ -1,4 +1,5 @@
-// ggml_gemv_body.inc at AVX2 + FMA (8 floats a vector). The whole file is one
+// ggml_gemv_body.inc at AVX2 + FMA (8 floats a vector; F16C for the fp16
+// scales, which every AVX2 CPU has). The whole file is one
 // target region, so nothing from a header is defined inside it: the
 // functions here reach the rest only through ggml_gemv_isa.h.
 #include "ggml_gemv_isa.h"
@@ -10,10 +11,10 @@
 #if FLEX_HAVE_X86_KERNELS
 FLEX_KERNELS_BEGIN
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 namespace flex::ggml_avx2 {

@@ -10,10 +10,10 @@
 #if FLEX_HAVE_X86_KERNELS
 FLEX_KERNELS_BEGIN
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #endif
 
 namespace flex::ggml_avx512 {

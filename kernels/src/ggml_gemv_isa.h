@@ -12,6 +12,7 @@ struct Q8Rows {
   const int8_t* q;     // [M, K] codes in -127..127
   const float* d;      // [M, K / 32] the scale of each 32 codes
   const int32_t* s16;  // [M, K / 16] the sum of each 16 codes
+  const float* ds16;   // [M, K / 16] that sum times its block's scale
   int64_t M;
 };
 

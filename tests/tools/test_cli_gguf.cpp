@@ -76,3 +76,35 @@ TEST(CliGguf, InspectEqualsTheFolders) {
   EXPECT_EQ(g.out, s.out);
   EXPECT_NE(g.out.find("LlamaForCausalLM"), std::string::npos) << g.out;
 }
+
+// --fast-activations on a GGUF whose layers are quantized (llama-mixed.gguf:
+// every quantized type), on a 5-token input (decode-shaped: longer inputs
+// take the float prefill either way): captures stay within the error docs/gguf.md gives
+// (3e-2 of each tensor's largest value), differ from the faithful ones, and
+// generate runs; on a safetensors folder the flag is a usage error.
+TEST(CliGguf, FastActivations) {
+  const std::string mixed = data_path("gguf/llama-mixed.gguf");
+  flex_test::TempDir tmp;
+  const std::string ids = tmp.str("ids.safetensors");
+  flex::save_safetensors(ids, {{"input_ids", at::tensor({1, 7, 19, 42, 3}, at::kLong).view({1, 5})}});
+  auto a = run({"capture", mixed, "--input-ids", ids, "--hook", "all", "--out", tmp.str("a.safetensors")});
+  ASSERT_EQ(a.code, 0) << a.err;
+  auto b = run({"capture", mixed, "--input-ids", ids, "--hook", "all", "--out", tmp.str("b.safetensors"),
+                "--fast-activations"});
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto fa = flex::SafetensorsFile::open(tmp.str("a.safetensors"));
+  auto fb = flex::SafetensorsFile::open(tmp.str("b.safetensors"));
+  ASSERT_EQ(fa->names(), fb->names());
+  for (const char* n : {"lm_head", "model.layers.0.mlp.down_proj", "model.layers.0.self_attn.q_proj"}) {
+    SCOPED_TRACE(n);
+    const at::Tensor x = fa->get(n), y = fb->get(n);
+    EXPECT_TRUE(flex_test::close(y, x, 0, 3e-2 * x.abs().max().item<double>()));
+    EXPECT_FALSE(at::equal(x, y));
+  }
+  auto g = run({"generate", mixed, "--input-ids", ids, "--max-new-tokens", "4", "--fast-activations"});
+  EXPECT_EQ(g.code, 0) << g.err;
+  auto bad = run({"capture", kFolder, "--input-ids", kIds, "--hook", "lm_head", "--out", tmp.str("c.safetensors"),
+                  "--fast-activations"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("GGUF"), std::string::npos) << bad.err;
+}

@@ -211,6 +211,9 @@ std::vector<Flag> loading_flags() {
       {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
       {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
       {"--no-mmap", "", "copy the weights into memory instead of mapping the checkpoint (faster decoding)"},
+      {"--fast-activations", "",
+       "GGUF files: quantized layers take their inputs as 8 bits per 32 values with integer dot products, as "
+       "llama.cpp does (faster decoding; error in docs/gguf.md)"},
   };
 }
 
@@ -230,6 +233,9 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
   if (auto d = args.get("--dtype")) o.torch_dtype = torch_dtype_name(parse_dtype(*d));
   o.quantization = quantization_option(args);
   o.mmap = !args.has("--no-mmap");
+  o.fast_activations = args.has("--fast-activations");
+  if (o.fast_activations && !is_gguf_file(dir))
+    throw UsageError("--fast-activations applies to GGUF files (their quantized layers); '" + dir + "' is not one");
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
   if (auto off = args.get("--offload-folder")) {
     require_writable_dir(*off);

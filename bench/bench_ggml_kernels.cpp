@@ -1,0 +1,71 @@
+// GGUF block kernels one by one (ggml_linear): x W^T for a Llama-1B MLP
+// weight (5632 x 2048) stored as random blocks of each quantized type, for
+// 1 input row (decode: float and Q8 activations) and 128 (prefill), beside
+// the bf16 GEMV (dense_linear) as the known-good reader, over enough copies
+// (~0.5-1 GB) that every call reads from memory. Interleaved rounds; prints
+// ms per call and GB/s of stored bytes read.
+//
+//   ./bench_ggml_kernels [--iters N] [--threads T]
+#include "bench_util.h"
+
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/ggml_dequant.h>
+#include <flex/kernels/ggml_linear.h>
+#include <flex/kernels/linear.h>
+
+#include <c10/util/Half.h>
+
+#include <cstring>
+
+namespace {
+
+// Random block bytes with small fp16 scales at the type's fp16 fields.
+at::Tensor random_blocks(uint32_t type, int64_t N, int64_t K) {
+  const flex::GgmlTypeInfo* t = flex::ggml_type_info(type);
+  at::Tensor raw = at::randint(0, 256, {N * flex::ggml_row_bytes(type, K)}, at::kByte);
+  std::vector<int> fields = type == 14 ? std::vector<int>{208} : (type == 3 || type == 7 || type == 12 || type == 13) ? std::vector<int>{0, 2} : std::vector<int>{0};
+  uint8_t* p = raw.data_ptr<uint8_t>();
+  const uint16_t h = c10::Half(0.001f).x;
+  for (int64_t b = 0; b < N * K / t->block; ++b)
+    for (int f : fields) std::memcpy(p + b * t->block_bytes + f, &h, 2);
+  return raw;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::ForwardArgs args;
+  args.iters = 3;
+  if (!bench::parse_forward_args(argc, argv, args)) return 2;
+  at::set_num_threads(args.threads);
+  const int64_t N = 5632, K = 2048;
+  at::manual_seed(0);
+  std::printf("ISA %s, %d threads, weight %ld x %ld\n", flex::to_string(flex::cpu_isa()).c_str(), at::get_num_threads(),
+              static_cast<long>(N), static_cast<long>(K));
+  at::NoGradGuard ng;
+  std::vector<at::Tensor> b16;
+  for (int c = 0; c < 24; ++c) b16.push_back((at::randn({N, K}) * 0.02).to(at::kBFloat16));
+  const std::pair<const char*, uint32_t> types[] = {{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q5_0", 6},
+                                                    {"Q5_1", 7}, {"Q4_K", 12}, {"Q5_K", 13}, {"Q6_K", 14}};
+  for (const auto& [name, type] : types) {
+    const int64_t bytes = N * flex::ggml_row_bytes(type, K);
+    const int64_t copies = std::max<int64_t>(4, 800000000 / bytes);
+    std::vector<at::Tensor> w;
+    for (int64_t c = 0; c < copies; ++c) w.push_back(random_blocks(type, N, K));
+    const at::Tensor x1 = at::randn({1, K}), x128 = at::randn({128, K});
+    const at::Tensor xb = x1.to(at::kBFloat16);
+    std::vector<std::function<void()>> v{
+        [&] { for (auto& t : b16) flex::dense_linear(xb, t, at::Tensor()); },
+        [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor()); },
+        [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor(), flex::GgmlActivations::Q8); },
+        [&] { for (int64_t c = 0; c < 4; ++c) flex::ggml_linear(type, w[c], N, K, x128, at::Tensor()); },
+    };
+    const auto t = bench::interleaved(v, args.iters, 1);
+    const double bf = N * K * 2.0 * b16.size() / (t[0] / 1000.0) / 1e9;
+    std::printf("%-5s %.3f B/elem  bf16 GEMV %.1f GB/s | decode float %.3f ms (%.1f GB/s)  Q8 %.3f ms (%.1f GB/s) | "
+                "prefill 128 rows %.1f ms\n",
+                name, static_cast<double>(bytes) / (N * K), bf, t[1] / copies, bytes * copies / (t[1] / 1000.0) / 1e9,
+                t[2] / copies, bytes * copies / (t[2] / 1000.0) / 1e9, t[3] / 4);
+  }
+  return 0;
+}
