@@ -1,13 +1,13 @@
 // The graph file circuit-tracer 0.5.0's create_graph_files writes (its
 // frontend/graph_models.py: Metadata, QParams, Node, links), field for field,
 // so Neuronpedia's viewer and circuit-tracer's local server open ours.
+#include <flex/dispatch/atomic_file.h>
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution_graph.h>
 
 #include <ATen/ATen.h>
 
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -109,22 +109,6 @@ json graph_json(const AttributionGraph& g, const PrunedGraph& pruned, const Grap
   return {{"metadata", metadata}, {"qParams", qparams}, {"nodes", used}, {"links", links}};
 }
 
-void write_json_file(const std::string& path, const json& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IOError("cannot write '" + tmp + "' (for " + path + ")");
-    out << content.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw IOError("writing '" + path + "' failed (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw IOError("cannot move '" + tmp + "' to '" + path + "'");
-  }
-}
+void write_json_file(const std::string& path, const json& content) { write_file_atomic(path, content.dump(2) + "\n"); }
 
 }  // namespace flex

@@ -27,9 +27,13 @@ void prune_check_threshold(const char* name, double v) {
 
 }  // namespace
 
-PrunedGraph prune_graph(const AttributionGraph& g, double node_threshold, double edge_threshold) {
+void check_prune_thresholds(double node_threshold, double edge_threshold) {
   prune_check_threshold("node_threshold", node_threshold);
   prune_check_threshold("edge_threshold", edge_threshold);
+}
+
+PrunedGraph prune_graph(const AttributionGraph& g, double node_threshold, double edge_threshold) {
+  check_prune_thresholds(node_threshold, edge_threshold);
   const at::Tensor& adj = g.adjacency;
   const int64_t N = adj.size(0), K = g.logit_tokens.size(0), T = g.n_pos, S = g.n_features();
   at::Tensor w = at::zeros({N}, adj.options());

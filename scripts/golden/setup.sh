@@ -4,6 +4,10 @@
 # scripts/install-deps.sh and adds the pinned reference implementations.
 # Prints the venv's python. A second run only checks the versions.
 #
+# `setup.sh --attribution` makes (or checks) scripts/golden/.venv-ct with
+# circuit-tracer 0.5.0 (transformers 4.57.3, transformer-lens 2.16.1) for
+# scripts/golden/make_attribution.py and bench/attribution.
+#
 # `setup.sh --sae` instead makes (or checks) a second venv, scripts/golden/.venv-sae,
 # for the SAELens reference (scripts/golden/make_sae_fixtures.py) and prints its
 # python. sae-lens 6.54.12 needs transformer-lens < 4 while the main interpreter
@@ -17,11 +21,36 @@ torch_version=2.13.0
 case "${1:-}" in
   "") mode=golden ;;
   --sae) mode=sae ;;
-  *) echo "usage: $0 [--sae]" >&2; exit 2 ;;
+  --attribution) mode=attribution ;;
+  *) echo "usage: $0 [--sae|--attribution]" >&2; exit 2 ;;
 esac
 if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   # Pinned and first: an unpinned dependency would pull a CUDA build of several GB.
   python3 -m pip install --quiet "torch==$torch_version" >&2
+fi
+if [ "$mode" = attribution ]; then
+  # circuit-tracer 0.5.0, the attribution-graph reference (make_attribution.py,
+  # bench/attribution): it pins transformers <= 4.57.3 and runs on
+  # transformer-lens 2.x, so both live in scripts/golden/.venv-ct, which sees
+  # the system's torch 2.13 (pinned in the same command: the dry run refuses
+  # a resolver that would reinstall torch).
+  ct_venv=$here/.venv-ct
+  [ -x "$ct_venv/bin/python" ] || python3 -m venv --system-site-packages "$ct_venv"
+  # pyarrow 21: the newest that still takes the numpy 1.26 transformer-lens 2.16 pins.
+  ct_want="circuit-tracer==0.5.0 transformer-lens==2.16.1 transformers==4.57.3 pyarrow==21.0.0 torch==$torch_version"
+  ct_check="import circuit_tracer, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((circuit_tracer.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('0.5.0', '2.16.1', '$torch_version', '4.57.3'))"
+  if ! "$ct_venv/bin/python" -c "$ct_check" 2>/dev/null; then
+    report=$(mktemp)
+    "$ct_venv/bin/python" -m pip install --quiet --dry-run --report "$report" $ct_want 2>/dev/null >&2
+    if ! python3 -c "import json, sys; bad=[i['metadata']['name'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'].lower() == 'torch']; print('would install', bad, file=sys.stderr) if bad else None; sys.exit(bool(bad))" "$report"; then
+      rm -f "$report"; exit 1
+    fi
+    rm -f "$report"
+    "$ct_venv/bin/python" -m pip install --quiet $ct_want >&2
+    "$ct_venv/bin/python" -c "$ct_check"
+  fi
+  echo "$ct_venv/bin/python"
+  exit 0
 fi
 if [ "$mode" = sae ]; then
   sae_venv=$here/.venv-sae

@@ -223,6 +223,8 @@ int run_convert(const std::vector<std::string>& argv);
 int run_report(const std::vector<std::string>& argv);
 /// flexmodel features: a page of what a dictionary's features do on a corpus.
 int run_features(const std::vector<std::string>& argv);
+/// flexmodel attribute: one prompt's attribution graph through transcoders, as graph JSON.
+int run_attribute(const std::vector<std::string>& argv);
 /// flexmodel --version: flexmodel's and libtorch's versions, the libtorch build, MPI and NCCL.
 int run_version();
 

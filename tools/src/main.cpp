@@ -26,6 +26,7 @@ const char* kUsage =
     "  report     a capture file as one HTML page: attention, logit lens, norms, findings\n"
     "  features   a sparse dictionary's features on a corpus as one HTML page\n"
     "  train-sae  a sparse autoencoder or transcoder trained on captured activations\n"
+    "  attribute  one prompt's attribution graph through per-layer transcoders, as graph JSON\n"
     "\n"
     "flexmodel --version prints the versions of flexmodel, libtorch, MPI and NCCL.\n"
     "flexmodel COMMAND --help shows a command's options. Log level: --log-level or\n"
@@ -78,8 +79,9 @@ int main(int argc, char** argv) {
     if (cmd == "report") return flex::cli::run_report(args);
     if (cmd == "features") return flex::cli::run_features(args);
     if (cmd == "train-sae") return flex::cli::run_train_sae(args);
+    if (cmd == "attribute") return flex::cli::run_attribute(args);
     return fail(2, "unknown command '" + cmd +
-                       "' (use inspect, capture, generate, convert, report, features or train-sae; flexmodel --help)");
+                       "' (use inspect, capture, generate, convert, report, features, train-sae or attribute; flexmodel --help)");
   } catch (const flex::cli::UsageError& e) {
     return fail(2, e.what());
   } catch (const c10::Error& e) {

@@ -89,4 +89,12 @@ struct AttributionGraph {
 AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
                            const at::Tensor& input_ids, const AttributionOptions& options = {});
 
+/// The per-layer transcoders in `dir`: every subfolder a SAELens folder
+/// (cfg.json + sae_weights.safetensors) whose hook_name names its layer
+/// ("blocks.L.…", or a module path with ".h.L." / ".layers.L."). IOError when
+/// `dir` is not a folder; ConfigError naming the folder for a dictionary
+/// that is not a transcoder, whose layer cannot be read, a layer given twice
+/// or one of the n_layers missing.
+std::vector<std::shared_ptr<SparseDictionary>> load_transcoders(const std::string& dir, int64_t n_layers);
+
 }  // namespace flex

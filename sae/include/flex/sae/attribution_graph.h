@@ -29,6 +29,10 @@ struct PrunedGraph {
   at::Tensor cumulative_scores;  // [N] the cumulative influence fraction at each node's rank
 };
 
+/// ConfigError naming the threshold outside [0, 1] (prune_graph checks too;
+/// callers check before the long attribution).
+void check_prune_thresholds(double node_threshold, double edge_threshold);
+
 /// ConfigError for a threshold outside [0, 1].
 PrunedGraph prune_graph(const AttributionGraph& graph, double node_threshold = 0.8, double edge_threshold = 0.98);
 
@@ -49,8 +53,7 @@ struct GraphJsonInfo {
 nlohmann::json graph_json(const AttributionGraph& graph, const PrunedGraph& pruned, const GraphJsonInfo& info,
                           double node_threshold);
 
-/// Writes `content` to `path` through a temporary file renamed into place
-/// (IOError naming the path; never a half-written file).
+/// Writes `content` (indented) to `path` atomically (flex/dispatch/atomic_file.h).
 void write_json_file(const std::string& path, const nlohmann::json& content);
 
 }  // namespace flex

@@ -1,0 +1,126 @@
+// flexmodel attribute: one prompt's attribution graph through per-layer
+// transcoders (flex/sae/attribution.h), pruned and written as the JSON
+// circuit-tracer writes for Neuronpedia's graph viewer.
+#include "cli.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/sae/attribution.h>
+#include <flex/sae/attribution_graph.h>
+#include <flex/tokenizers/tokenizer.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <iostream>
+
+namespace fs = std::filesystem;
+
+namespace flex::cli {
+
+namespace {
+
+const std::vector<Flag>& attribute_flags() {
+  static const std::vector<Flag> flags = [] {
+    std::vector<Flag> f = {
+        {"--transcoders", "DIR", "one SAELens transcoder folder per layer (cfg.json + sae_weights.safetensors), each "
+                                 "reading its layer's MLP input and writing the MLP output"},
+        {"--prompt", "TEXT", "the prompt (tokenized with the model folder's tokenizer)"},
+        {"--input-ids", "FILE.safetensors", "the prompt as token ids: input_ids [T] or [1, T]"},
+        {"--out", "GRAPH.json", "the graph file (Neuronpedia's graph viewer format)"},
+        {"--node-threshold", "X", "keep the nodes holding this fraction of the influence on the logits (default 0.8)"},
+        {"--edge-threshold", "X", "keep the edges holding this fraction of the influence (default 0.98)"},
+        {"--max-n-logits", "N", "at most N logit nodes (default 10)"},
+        {"--desired-logit-prob", "P", "logit nodes until their cumulative probability reaches P (default 0.95)"},
+        {"--max-feature-nodes", "N", "compute rows for at most N features, the most influential first (default: all)"},
+        {"--batch-size", "N", "targets per backward pass (default 256)"},
+        {"--slug", "NAME", "the graph's name in the viewer (default: the --out file's stem)"},
+        {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
+    };
+    for (auto& l : loading_flags()) f.push_back(l);
+    return f;
+  }();
+  return flags;
+}
+
+}  // namespace
+
+int run_attribute(const std::vector<std::string>& argv) {
+  Args args("attribute", attribute_flags(), argv);
+  if (args.help()) {
+    std::cout << usage_text("attribute", "MODEL --transcoders DIR --prompt TEXT|--input-ids FILE --out GRAPH.json [options]",
+                            attribute_flags(),
+                            "The attribution graph of one prompt (circuit-tracer's): the direct effects between the\n"
+                            "active transcoder features, the error nodes, the token embeddings and the most likely\n"
+                            "next-token logits in the frozen replacement model (attention patterns and norm\n"
+                            "denominators fixed), pruned by influence on the logits, written as the JSON that\n"
+                            "Neuronpedia's graph viewer (and circuit-tracer's local server) opens.");
+    return 0;
+  }
+  set_log_level(args.get("--log-level"));
+  const std::string dir = args.one_positional("MODEL");
+  const auto tc_dir = args.get("--transcoders");
+  const auto out = args.get("--out");
+  const auto prompt = args.get("--prompt");
+  const auto ids_file = args.get("--input-ids");
+  if (!tc_dir) throw UsageError("attribute needs --transcoders DIR");
+  if (!out) throw UsageError("attribute needs --out GRAPH.json");
+  if (prompt.has_value() == ids_file.has_value()) throw UsageError("attribute needs one of --prompt TEXT or --input-ids FILE");
+  const double node_threshold = args.get_double("--node-threshold").value_or(0.8);
+  const double edge_threshold = args.get_double("--edge-threshold").value_or(0.98);
+  check_prune_thresholds(node_threshold, edge_threshold);
+  AttributionOptions o;
+  o.max_n_logits = args.get_int("--max-n-logits").value_or(o.max_n_logits);
+  o.desired_logit_prob = args.get_double("--desired-logit-prob").value_or(o.desired_logit_prob);
+  o.max_feature_nodes = args.get_int("--max-feature-nodes").value_or(-1);
+  if (args.has("--max-feature-nodes") && o.max_feature_nodes < 1)
+    throw ConfigError("option --max-feature-nodes must be at least 1, not " + std::to_string(o.max_feature_nodes));
+  o.batch_size = args.get_int("--batch-size").value_or(o.batch_size);
+  require_model_dir(dir);
+  require_writable_file(*out);
+
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_tokenizer(dir);
+  } catch (const IOError&) {
+    if (prompt)
+      throw IOError("model directory '" + dir +
+                    "' has no tokenizer (tokenizer.json, or vocab.json + merges.txt); pass token ids with --input-ids");
+  }
+  at::Tensor ids;
+  if (ids_file) {
+    ids = read_input_ids(*ids_file).input_ids;
+    if (!(ids.dim() == 1 || (ids.dim() == 2 && ids.size(0) == 1)))
+      throw ShapeError("--input-ids '" + *ids_file + "': input_ids of shape " + c10::str(ids.sizes()) +
+                       " is not one prompt ([T] or [1, T])");
+    ids = ids.reshape({-1});
+  } else {
+    const std::vector<int64_t> v = tok->encode(*prompt);
+    if (v.empty()) throw ConfigError("the prompt has no tokens");
+    ids = at::tensor(v, at::kLong);
+  }
+  auto model = load_model(dir, args);
+  const auto transcoders = load_transcoders(*tc_dir, model->config().num_hidden_layers);
+  const AttributionGraph graph = attribute(*model, transcoders, ids, o);
+  const PrunedGraph pruned = prune_graph(graph, node_threshold, edge_threshold);
+
+  GraphJsonInfo info;
+  info.slug = args.get("--slug").value_or(fs::path(*out).stem().string());
+  info.scan = fs::path(*tc_dir).lexically_normal().filename().string();
+  if (info.scan.empty()) info.scan = fs::path(*tc_dir).lexically_normal().parent_path().filename().string();
+  auto text = [&](int64_t id) { return tok ? tok->decode({id}) : std::to_string(id); };
+  for (int64_t i = 0; i < graph.n_pos; ++i) info.prompt_tokens.push_back(text(graph.input_ids[i].item<int64_t>()));
+  for (int64_t k = 0; k < graph.logit_tokens.size(0); ++k) info.logit_tokens.push_back(text(graph.logit_tokens[k].item<int64_t>()));
+  if (prompt) {
+    info.prompt = *prompt;
+  } else {
+    for (const auto& t : info.prompt_tokens) info.prompt += (tok || info.prompt.empty() ? "" : " ") + t;
+  }
+  const nlohmann::json content = graph_json(graph, pruned, info, node_threshold);
+  write_json_file(*out, content);
+  std::cout << "attribution graph: " << graph.active_features.size(0) << " active features (" << graph.n_features()
+            << " computed), " << graph.logit_tokens.size(0) << " logits, " << graph.n_nodes() << " nodes; kept "
+            << content["nodes"].size() << " nodes and " << content["links"].size() << " links -> " << *out << "\n";
+  return 0;
+}
+
+}  // namespace flex::cli
