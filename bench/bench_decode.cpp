@@ -18,8 +18,19 @@
 // worker threads to sleep between the ~150 parallel regions of a decode
 // step and costs ~20 ms per token on 2 cores (ours and the peers alike).
 //
+//
+// --models gguf: GGUF files of a Llama-shaped model with random weights
+// (bench/peers/make_bench_gguf.py: 1.1b TinyLlama-shaped by default, 0.5b
+// for a quicker run) at F32, BF16, Q8_0, Q4_0 and Q4_K_M, against llama.cpp
+// (llama-cpp-python 0.3.36, install-deps.sh --bench; bench/peers/
+// llama_cpp_decode.py) on the same file: flexmodel faithful (float
+// activations), with --fast-activations, and with 12 captures; each side's
+// tok/s and roofline fraction, prompt time, and greedy-token agreement.
+// The check: --models gguf --prompt 128 --new 65.
+//
 //   ./bench_decode [--rounds R] [--threads T] [--prompt P] [--new N]
-//        [--models llama,gpt2] [--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]
+//        [--models llama,gpt2,gguf] [--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]
+//        [--gguf-size 1.1b|0.5b|tiny] [--gguf-formats F32,BF16,Q8_0,Q4_0,Q4_K_M] [--gguf-python PY]
 #include "bench_util.h"
 
 #include <flex/flexcore/flex_model.h>
@@ -51,6 +62,10 @@ struct Args {
   std::string python = std::string(FLEX_SOURCE_DIR) + "/scripts/golden/.venv/bin/python";
   bool peers = true;
   std::string work = (fs::temp_directory_path() / "flex_bench_decode").string();
+  // --models gguf: the GGUF files (make_bench_gguf.py, run by gguf_python, which also runs llama.cpp).
+  std::string gguf_size = "1.1b";
+  std::vector<std::string> gguf_formats{"F32", "BF16", "Q8_0", "Q4_0", "Q4_K_M"};
+  std::string gguf_python = "python3";
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -77,10 +92,14 @@ bool parse(int argc, char** argv, Args& a) {
     else if (k == "--python") a.python = val();
     else if (k == "--no-peers") a.peers = false;
     else if (k == "--work") a.work = val();
+    else if (k == "--gguf-size") a.gguf_size = val();
+    else if (k == "--gguf-formats") a.gguf_formats = split(val());
+    else if (k == "--gguf-python") a.gguf_python = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_decode [--rounds R] [--threads T] [--prompt P] [--new N] [--models llama,gpt2] "
-                   "[--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR]\n");
+                   "[--formats fp32,bf16,int8,nf4] [--python PY | --no-peers] [--work DIR] [--gguf-size 1.1b|0.5b|tiny] "
+                   "[--gguf-formats F32,BF16,Q8_0,Q4_0,Q4_K_M] [--gguf-python PY]\n");
       return false;
     }
   }
@@ -339,6 +358,145 @@ void bench_model(const std::string& name, const Args& a, double bandwidth) {
   std::fflush(stdout);
 }
 
+// --- GGUF files against llama.cpp ---------------------------------------------------
+
+// Runs a command to its end (posix_spawn: no fork of this libtorch process).
+void run_command(const std::vector<std::string>& args) {
+  std::vector<std::string> all = args;
+  std::vector<char*> argv;
+  for (auto& x : all) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, all[0].c_str(), nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) throw std::runtime_error("cannot start " + all[0] + ": " + std::strerror(rc));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(all[0] + " " + all[1] + " failed");
+}
+
+struct GgufVariant {
+  std::string format, label;
+  bool fast = false, captures = false;
+  std::shared_ptr<flex::CausalLM> model;
+  Variant run{"", ""};  // its timings (ours) and capture modules
+  double bytes = 0;
+};
+
+// One GGUF file per format, written once by make_bench_gguf.py; per format
+// flexmodel (faithful float activations; with --fast-activations for the
+// quantized types; and with 12 captures) and llama.cpp on the same file,
+// interleaved round by round. Decode from prompt 1 x P then N new tokens.
+void bench_gguf(const Args& a, double bandwidth) {
+  const fs::path dir = fs::path(a.work) / ("gguf-" + a.gguf_size);
+  fs::create_directories(dir);
+  std::vector<GgufVariant> vs;
+  std::map<std::string, std::unique_ptr<Peer>> peers;
+  std::map<std::string, Timing> theirs;
+  std::map<std::string, std::string> peer_error;
+  std::string versions;
+  for (const std::string& f : a.gguf_formats) {
+    const fs::path file = dir / (f + ".gguf");
+    if (!fs::exists(file)) {
+      std::printf("writing the random %s GGUF (%s) to %s ...\n", a.gguf_size.c_str(), f.c_str(), file.c_str());
+      std::fflush(stdout);
+      const fs::path tmp = file.string() + ".tmp";
+      run_command({a.gguf_python, std::string(FLEX_SOURCE_DIR) + "/bench/peers/make_bench_gguf.py", tmp.string(), f,
+                   "--size", a.gguf_size});
+      fs::rename(tmp, file);
+    }
+    const bool quantized = f != "F32" && f != "BF16";
+    flex::PretrainedOptions o;
+    o.mmap = false;
+    if (f == "BF16") o.torch_dtype = "bfloat16";
+    auto model = flex::from_pretrained(file.string(), o);
+    std::shared_ptr<flex::CausalLM> fast;
+    if (quantized) {
+      o.fast_activations = true;
+      fast = flex::from_pretrained(file.string(), o);
+    }
+    vs.push_back({f, f, false, false, model});
+    if (quantized) vs.push_back({f, f + " fast", true, false, fast});
+    vs.push_back({f, f + (quantized ? " fast" : "") + " +12 captures", quantized, true, quantized ? fast : model});
+    if (a.peers) {
+      peers[f] = std::make_unique<Peer>(std::vector<std::string>{
+          a.gguf_python, std::string(FLEX_SOURCE_DIR) + "/bench/peers/llama_cpp_decode.py", file.string(),
+          "--threads", std::to_string(a.threads), "--prompt", std::to_string(a.prompt), "--new",
+          std::to_string(a.new_tokens)});
+      const nlohmann::json hello = peers[f]->read();
+      if (hello.contains("error")) {
+        peer_error[f] = hello.at("error").get<std::string>();
+        peers.erase(f);
+      } else {
+        versions = hello.at("versions").dump();
+      }
+    }
+  }
+  for (GgufVariant& v : vs) {
+    v.bytes = weight_bytes_per_token(*v.model);
+    v.run.model = v.model;
+    if (v.captures) {
+      const int layers = v.model->config().num_hidden_layers;
+      for (int i = 0; i < 12; ++i) v.run.capture_modules.push_back("model.layers." + std::to_string(i * layers / 12));
+    }
+  }
+  const at::Tensor ids = prompt_ids(a.prompt, vs.front().model->config().vocab_size);
+  {
+    Args warm = a;
+    warm.new_tokens = 2;
+    for (GgufVariant& v : vs) run_ours(v.run, ids, warm);
+    for (GgufVariant& v : vs) v.run.ours = Timing();
+  }
+  for (int r = 0; r < a.rounds; ++r)
+    for (GgufVariant& v : vs) {
+      run_ours(v.run, ids, a);
+      std::fprintf(stderr, "  round %d %-24s ours %.1f ms/token", r + 1, v.label.c_str(), v.run.ours.decode_ms.back());
+      if (v.label == v.format && peers.count(v.format)) {  // llama.cpp once per format and round, after ours
+        const nlohmann::json j = peers[v.format]->run();
+        Timing& t = theirs[v.format];
+        t.add(j.at("prefill_ms").get<double>(), j.at("total_ms").get<double>(), a.new_tokens);
+        t.tokens = j.at("tokens").get<std::vector<int64_t>>();
+        std::fprintf(stderr, ", llama.cpp %.1f ms/token", t.decode_ms.back());
+      }
+      std::fprintf(stderr, "\n");
+    }
+  std::printf("\nGGUF %s Llama (random weights), prompt 1x%d + %d new tokens, %d threads, ISA %s; read bandwidth %.1f "
+              "GB/s; medians of %d rounds\n",
+              a.gguf_size.c_str(), a.prompt, a.new_tokens, a.threads, flex::to_string(flex::cpu_isa()).c_str(), bandwidth,
+              a.rounds);
+  if (!versions.empty()) std::printf("peer: %s\n", versions.c_str());
+  std::printf("| %-24s | %8s | %8s | %8s | %10s | %9s | %8s | %10s | %9s | %s |\n", "flexmodel", "MB/token", "tok/s",
+              "roofline", "prefill ms", "llama.cpp", "roofline", "prefill ms", "flex/llama", "same greedy tokens");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (GgufVariant& v : vs) {
+    const double tps = 1000.0 / bench::median(v.run.ours.decode_ms);
+    const double roof = v.bytes * tps / 1e9 / bandwidth;
+    std::string lt = "-", lroof = "-", lpre = "-", ratio = "-", same = peer_error.count(v.format) ? "peer failed" : "-";
+    auto it = theirs.find(v.format);
+    if (it != theirs.end() && !it->second.decode_ms.empty()) {
+      const double t = 1000.0 / bench::median(it->second.decode_ms);
+      char b[64];
+      std::snprintf(b, sizeof b, "%.2f", t);
+      lt = b;
+      std::snprintf(b, sizeof b, "%.2f", v.bytes * t / 1e9 / bandwidth);
+      lroof = b;
+      std::snprintf(b, sizeof b, "%.0f", bench::median(it->second.prefill_ms));
+      lpre = b;
+      std::snprintf(b, sizeof b, "%.2fx", tps / t);
+      ratio = b;
+      size_t k = 0;
+      const auto& ot = v.run.ours.tokens;
+      const auto& tt = it->second.tokens;
+      while (k < ot.size() && k < tt.size() && ot[k] == tt[k]) ++k;
+      same = "first " + std::to_string(k) + " of " + std::to_string(ot.size());
+    }
+    std::printf("| %-24s | %8.1f | %8.2f | %8.2f | %10.0f | %9s | %8s | %10s | %9s | %s |\n", v.label.c_str(),
+                v.bytes / 1e6, tps, roof, bench::median(v.run.ours.prefill_ms), lt.c_str(), lroof.c_str(), lpre.c_str(),
+                ratio.c_str(), same.c_str());
+  }
+  for (const auto& [f, e] : peer_error) std::printf("llama.cpp on %s: %s\n", f.c_str(), e.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -360,14 +518,18 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   at::set_num_threads(a.threads);
-  if (a.peers && !fs::exists(a.python)) {
+  const bool only_gguf = a.models.size() == 1 && a.models[0] == "gguf";
+  if (a.peers && !only_gguf && !fs::exists(a.python)) {
     std::fprintf(stderr, "bench_decode: no peer python at %s (bash scripts/golden/setup.sh; or --no-peers)\n",
                  a.python.c_str());
     return 2;
   }
   try {
     const double bw = read_bandwidth_gbs();
-    for (const std::string& m : a.models) bench_model(m, a, bw);
+    for (const std::string& m : a.models) {
+      if (m == "gguf") bench_gguf(a, bw);
+      else bench_model(m, a, bw);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_decode: %s\n", e.what());
     return 1;
