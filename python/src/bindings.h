@@ -23,6 +23,8 @@ void bind_dispatch(py::module_& m);
 void bind_datasets(py::module_& m);
 /// After bind_flex_model (its edits return Edit).
 void bind_sae(py::module_& m);
+/// After bind_sae (it takes SparseDictionary objects).
+void bind_attribution(py::module_& m);
 
 /// An EditFn made in C++ (no Python inside), passed around from Python as
 /// flexmodel._C.Edit and accepted wherever an editing function is.

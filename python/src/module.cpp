@@ -18,4 +18,5 @@ PYBIND11_MODULE(_C, m) {
   flex::python::bind_flex_model(m);
   flex::python::bind_datasets(m);
   flex::python::bind_sae(m);
+  flex::python::bind_attribution(m);
 }

@@ -1,0 +1,42 @@
+"""Attribution graphs through per-layer transcoders (circuit-tracer's, computed in C++).
+
+    graph = flexmodel.attribute(model, "path/to/transcoders", input_ids)
+    graph["adjacency"]          # [N, N] direct effects, [target, source]
+    json.dump(graph["json"], open("graph.json", "w"))   # Neuronpedia's graph viewer opens it
+
+Nodes, in order: the active features that were computed (``selected_features`` into
+``active_features`` [F, 3] = layer, position, feature), error nodes (layer * n_pos + pos),
+token embeddings (n_pos), logits (``logit_tokens``). See sae/include/flex/sae/attribution.h.
+"""
+
+import os
+
+from . import _C
+from .modeling import _engine_module
+
+
+def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_prob=0.95, batch_size=256,
+              max_feature_nodes=None, node_threshold=0.8, edge_threshold=0.98, zero_first_position=True,
+              tokenizer=None, prompt="", slug="flexmodel-graph", scan=None):
+    """The attribution graph of one prompt (``input_ids`` [T] or [1, T]) through ``transcoders``:
+    a folder of SAELens transcoder folders (one per layer, each reading its layer's MLP input and
+    writing the MLP output) or a list of ``flexmodel.sae.SparseDictionary``, one per layer.
+
+    Returns a dict: n_layers, n_pos, input_ids, active_features, activations, pre_activations,
+    selected_features, logit_tokens, logit_probabilities, adjacency; the pruning at
+    ``node_threshold`` / ``edge_threshold`` (node_mask, edge_mask, cumulative_scores); and
+    "json", the graph file circuit-tracer writes for Neuronpedia (token strings from
+    ``tokenizer.decode`` when given, else the ids). Errors are flexmodel.Error subclasses:
+    ShapeError for a transcoder of the wrong width or a prompt longer than the context,
+    ConfigError for a transcoder at the wrong hook or an option out of range."""
+    if isinstance(transcoders, (str, os.PathLike)):
+        transcoders_arg = os.fspath(transcoders)
+        scan = scan or os.path.basename(os.path.normpath(transcoders_arg))
+    else:
+        transcoders_arg = list(transcoders)
+    ids = input_ids.reshape(-1) if hasattr(input_ids, "reshape") else input_ids
+    decode = None if tokenizer is None else (lambda i: tokenizer.decode([i]))
+    return _C.attribution.attribute(
+        _engine_module(model), transcoders_arg, ids, int(max_n_logits), float(desired_logit_prob), int(batch_size),
+        -1 if max_feature_nodes is None else int(max_feature_nodes), bool(zero_first_position), float(node_threshold),
+        float(edge_threshold), decode, prompt, slug, scan or "flexmodel")

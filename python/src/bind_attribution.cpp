@@ -1,0 +1,79 @@
+// Attribution graphs from Python: flexmodel._C.attribution.attribute runs
+// flex::attribute and flex::prune_graph (flex/sae/attribution*.h) and
+// returns the graph's tensors, the pruning masks and the graph file's JSON.
+#include "bindings.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/sae/attribution.h>
+#include <flex/sae/attribution_graph.h>
+
+#include <ATen/ATen.h>
+
+namespace flex::python {
+
+void bind_attribution(py::module_& m) {
+  auto a = m.def_submodule("attribution", "Attribution graphs through transcoders (flex/sae/attribution.h)");
+  a.def(
+      "attribute",
+      [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, int64_t max_n_logits,
+         double desired_logit_prob, int64_t batch_size, int64_t max_feature_nodes, bool zero_first_position,
+         double node_threshold, double edge_threshold, py::object decode,
+         const std::string& prompt, const std::string& slug, const std::string& scan) {
+        auto lm = std::dynamic_pointer_cast<CausalLM>(model);
+        if (!lm) throw ConfigError("attribute: the model is not a causal language model of flexmodel's");
+        std::vector<std::shared_ptr<SparseDictionary>> tcs;
+        if (py::isinstance<py::str>(transcoders)) {
+          tcs = load_transcoders(transcoders.cast<std::string>(), lm->config().num_hidden_layers);
+        } else {
+          tcs = transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
+        }
+        check_prune_thresholds(node_threshold, edge_threshold);
+        AttributionOptions o;
+        o.max_n_logits = max_n_logits;
+        o.desired_logit_prob = desired_logit_prob;
+        o.batch_size = batch_size;
+        o.max_feature_nodes = max_feature_nodes;
+        o.zero_first_position = zero_first_position;
+        AttributionGraph g;
+        PrunedGraph p;
+        {
+          py::gil_scoped_release release;
+          g = attribute(*lm, tcs, input_ids, o);
+          p = prune_graph(g, node_threshold, edge_threshold);
+        }
+        GraphJsonInfo info;
+        info.slug = slug;
+        info.scan = scan;
+        info.prompt = prompt;
+        // Token strings: decode(id) when given (a tokenizer's), else the id.
+        auto text = [&](int64_t id) {
+          return decode.is_none() ? std::to_string(id) : decode(id).cast<std::string>();
+        };
+        for (int64_t i = 0; i < g.n_pos; ++i) info.prompt_tokens.push_back(text(g.input_ids[i].item<int64_t>()));
+        for (int64_t k = 0; k < g.logit_tokens.size(0); ++k) info.logit_tokens.push_back(text(g.logit_tokens[k].item<int64_t>()));
+        if (info.prompt.empty())
+          for (const auto& t : info.prompt_tokens) info.prompt += (info.prompt.empty() ? "" : " ") + t;
+        py::dict d;
+        d["n_layers"] = g.n_layers;
+        d["n_pos"] = g.n_pos;
+        d["input_ids"] = g.input_ids;
+        d["active_features"] = g.active_features;
+        d["activations"] = g.activations;
+        d["pre_activations"] = g.pre_activations;
+        d["selected_features"] = g.selected_features;
+        d["logit_tokens"] = g.logit_tokens;
+        d["logit_probabilities"] = g.logit_probabilities;
+        d["adjacency"] = g.adjacency;
+        d["node_mask"] = p.node_mask;
+        d["edge_mask"] = p.edge_mask;
+        d["cumulative_scores"] = p.cumulative_scores;
+        d["json"] = py::module_::import("json").attr("loads")(graph_json(g, p, info, node_threshold).dump());
+        return d;
+      },
+      py::arg("model"), py::arg("transcoders"), py::arg("input_ids"), py::arg("max_n_logits"),
+      py::arg("desired_logit_prob"), py::arg("batch_size"), py::arg("max_feature_nodes"), py::arg("zero_first_position"),
+      py::arg("node_threshold"), py::arg("edge_threshold"), py::arg("decode"), py::arg("prompt"), py::arg("slug"),
+      py::arg("scan"));
+}
+
+}  // namespace flex::python

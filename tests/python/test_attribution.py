@@ -1,0 +1,58 @@
+"""flexmodel.attribute against circuit-tracer 0.5.0 on the same model and transcoders
+(tests/data/attribution, scripts/golden/make_attribution.py): the same nodes, edges within
+1e-4, the same pruned graph and graph file; typed errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import flexmodel
+from conftest import DATA, assert_close
+
+ATTR = DATA.parent / "attribution"
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return flexmodel.from_pretrained(DATA / "models" / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return load_file(str(ATTR / "gpt2-circuit-tracer.safetensors"))
+
+
+def test_graph_equals_circuit_tracers(gpt2, golden):
+    g = flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", golden["input_ids"], batch_size=16,
+                            slug="gpt2-circuit-tracer-graph")
+    assert torch.equal(g["active_features"], golden["active_features"])
+    assert torch.equal(g["selected_features"], golden["selected_features"])
+    assert torch.equal(g["logit_tokens"], golden["logit_tokens"])
+    assert_close(g["activations"], golden["activation_values"], 1e-4, "activations")
+    theirs = golden["adjacency"]
+    assert_close(g["adjacency"], theirs, 1e-4 * theirs.abs().max().item(), "adjacency")
+    assert torch.equal(g["node_mask"].to(torch.uint8), golden["node_mask"])
+    assert torch.equal(g["edge_mask"].to(torch.uint8), golden["edge_mask"])
+    ct = json.loads((ATTR / "gpt2-circuit-tracer-graph.json").read_text())
+    assert [n["node_id"] for n in g["json"]["nodes"]] == [n["node_id"] for n in ct["nodes"]]
+    assert [(l["source"], l["target"]) for l in g["json"]["links"]] == [(l["source"], l["target"]) for l in ct["links"]]
+    assert g["json"]["metadata"]["prompt_tokens"] == ct["metadata"]["prompt_tokens"]
+
+
+def test_transcoder_objects_and_the_folder_agree(gpt2, golden):
+    tcs = [flexmodel.sae.load_sae(ATTR / "gpt2-transcoders" / f"layer_{l}") for l in range(2)]
+    a = flexmodel.attribute(gpt2, tcs, golden["input_ids"], max_feature_nodes=20, batch_size=8)
+    b = flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", golden["input_ids"], max_feature_nodes=20, batch_size=8)
+    assert a["selected_features"].numel() == 20
+    assert torch.equal(a["adjacency"], b["adjacency"])
+
+
+def test_typed_errors(gpt2, golden):
+    with pytest.raises(flexmodel.ConfigError, match="node_threshold"):
+        flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", golden["input_ids"], node_threshold=2.0)
+    with pytest.raises(flexmodel.ShapeError, match="65 tokens"):
+        flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", torch.full((65,), 3))
+    with pytest.raises(flexmodel.ConfigError, match="1 transcoders"):
+        flexmodel.attribute(gpt2, [flexmodel.sae.load_sae(ATTR / "gpt2-transcoders" / "layer_0")], golden["input_ids"])
