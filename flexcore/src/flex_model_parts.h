@@ -22,6 +22,10 @@ struct FlexModel::Entry {
   std::set<std::string> groups{"all"};
   bool enabled = true;
   std::vector<std::function<void()>> removers;
+  /// A hook registered under an alias (flex/flexcore/hook_names.h): what it
+  /// sees of the module's value, and how an edit of that goes back.
+  std::function<at::Tensor(Module&, const at::Tensor&)> view;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> unview;
 };
 
 struct FlexModel::HeldCapture {

@@ -1,5 +1,7 @@
 #include "flex_model_parts.h"
 
+#include <flex/flexcore/hook_names.h>
+
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
 #include <flex/hooks/token_rows.h>
@@ -82,6 +84,21 @@ Value process_leaf(const HookFunction& hook, const Value& v,
   return replace_tensor_leaf(v, idx, r);
 }
 
+// `process` on what an aliased hook sees of `t` (its view), the edit taken back to the module's value.
+// (A template: FlexModel's Entry is private, and a deduced type is not named.)
+template <typename Entry>
+at::Tensor through_view(const Entry& en, Module& m, const at::Tensor& t,
+                        const std::function<at::Tensor(const at::Tensor&)>& process) {
+  if (!en.view) return process(t);
+  const at::Tensor seen = en.view(m, t);
+  const at::Tensor edited = process(seen);
+  if (edited.is_same(seen)) return t;
+  if (!en.unview)
+    throw UnsupportedError(en.hook->describe() + ": the value under this name is computed from '" + m.class_name() +
+                           "' output or input, not one the model passes on; it can be read, not edited");
+  return en.unview(edited, t);
+}
+
 void set_args(Inputs& in, const Value& tuple) {
   auto elems = tuple.toTupleRef().elements();
   for (size_t i = 0; i < in.args.size(); ++i) in.args[i] = elems[i];
@@ -118,10 +135,26 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
     });
     e->removers.push_back([param, id]() mutable { param.remove_hook(id); });
   } else {
-    std::shared_ptr<Module> mod = module_->get_submodule(name);  // throws with close names
+    // A name another library gives a place of the model (TransformerLens's): the hook sits there, captures
+    // under the name it was given, and sees the place's view.
+    HookType installed = type;
+    std::optional<HookPlace> place = resolve_hook_place(*module_, name);
+    if (place) {
+      if (type != HookType::Forward)
+        throw ConfigError(hook->describe() + ": '" + name + "' names a value (at " + place->module +
+                          "), hooked with a forward hook; a " + hook_type_name(type) +
+                          " hook goes on a module name");
+      if (distributed())
+        throw UnsupportedError(hook->describe() + ": '" + name + "' is not a module name; under a mesh hook the "
+                               "module it stands for, '" + place->module + "'");
+      installed = place->input ? HookType::ForwardPre : HookType::Forward;
+      e->view = place->view;
+      e->unview = place->unview;
+    }
+    std::shared_ptr<Module> mod = module_->get_submodule(place ? place->module : name);  // throws with close names
     std::weak_ptr<Module> wmod = mod;
     HookHandle h;
-    switch (type) {
+    switch (installed) {
       case HookType::Forward:
         h = mod->register_forward_hook([this, weak](Module& m, const Inputs&, Value& out) {
           auto en = weak.lock();
@@ -134,7 +167,9 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
             out = process_token_rows(*en->hook, m, out.toTensor(), *rows);
             return;
           }
-          out = process_leaf(*en->hook, out, [&](const at::Tensor& t) { return process(*en->hook, m, t); });
+          out = process_leaf(*en->hook, out, [&](const at::Tensor& t) {
+            return through_view(*en, m, t, [&](const at::Tensor& v) { return process(*en->hook, m, v); });
+          });
         });
         break;
       case HookType::ForwardPre:
@@ -142,7 +177,9 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
           auto en = weak.lock();
           if (!en || !en->enabled) return;
           Value args = args_as_value(in);
-          Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) { return process(*en->hook, m, t); });
+          Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) {
+            return through_view(*en, m, t, [&](const at::Tensor& v) { return process(*en->hook, m, v); });
+          });
           set_args(in, r);
         });
         break;

@@ -376,12 +376,22 @@ class FlexModel:
     def _module_tree(self):
         if self._tree is None:
             tree = {}
-            for name in self.wrapped_module_names:
-                if name:
-                    parent, _, child = name.rpartition(".")
-                    tree.setdefault(parent, []).append(child)
+            for name in self.wrapped_module_names + self._alias_names():
+                parts = name.split(".") if name else []
+                for i in range(len(parts)):  # an alias's parents (blocks, blocks.3, blocks.3.attn) are nodes too
+                    parent, child = ".".join(parts[:i]), parts[i]
+                    kids = tree.setdefault(parent, [])
+                    if child not in kids:
+                        kids.append(child)
             self._tree = tree
         return self._tree
+
+    def _alias_names(self):
+        """TransformerLens's hook names the model takes (``fm.blocks[3].hook_resid_post`` in a trace)."""
+        if self._mesh is not None:
+            return []  # under a mesh the engine takes module names only
+        return list(_C.sae.transformer_lens_names(_engine_module(self.module if self._adopted is None
+                                                                 else self._adopted)))
 
     def _active_tracer(self, what):
         if self._tracer is None:

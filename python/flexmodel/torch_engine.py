@@ -554,6 +554,9 @@ class TorchFlexModel(FlexModel):
     def set_capture_by_reference(self, on):
         """Accepted for flexmodel's API; the torch engine always copies captures."""
 
+    def _alias_names(self):
+        return []  # TransformerLens's names are flexmodel's engine's (its models' places), not PyTorch's
+
     @property
     def wrapped_module_names(self):
         return [n for n, _ in self.module.named_modules()]

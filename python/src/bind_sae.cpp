@@ -103,6 +103,8 @@ void bind_sae(py::module_& m) {
         return py::make_tuple(r.module, r.input, r.normalized);
       },
       py::arg("model"), py::arg("hook_name"));
+  s.def("transformer_lens_names", [](Module& model) { return transformer_lens_names(model); }, py::arg("model"),
+        "Every TransformerLens hook name the model has a place for (flex/sae/tl_hook_names.h)");
 
   s.def(
       "sparse_code",

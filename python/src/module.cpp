@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include <flex/kernels/memory_reuse.h>
+#include <flex/sae/tl_hook_names.h>
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "flexmodel's C++ engine (use the flexmodel package, not this module)";
@@ -19,4 +20,6 @@ PYBIND11_MODULE(_C, m) {
   flex::python::bind_datasets(m);
   flex::python::bind_sae(m);
   flex::python::bind_attribution(m);
+  // TransformerLens hook names (blocks.3.hook_resid_post) wherever a module name is.
+  flex::install_transformer_lens_names();
 }

@@ -210,6 +210,20 @@ at::Tensor SparseDictionary::encode(const at::Tensor& x) { return encode_feature
 
 void SparseDictionary::observe(const at::Tensor& x) {
   at::NoGradGuard no_grad;
+  if (!cfg_.transcoder() && (hooked(hook_sae_recons_) || hooked(hook_sae_error_) || hooked(hook_sae_output_))) {
+    // A hook on what decoding gives (hook_sae_recons / error / output) would otherwise never fire: run the
+    // whole dictionary, with the error term so that hook_sae_error has its value; its output is not used.
+    const bool error_term = use_error_term;
+    use_error_term = true;
+    try {
+      (void)(*this)(x);
+    } catch (...) {
+      use_error_term = error_term;
+      throw;
+    }
+    use_error_term = error_term;
+    return;
+  }
   notify(encode_features(x, false, !observers_->empty()));
 }
 

@@ -3,34 +3,13 @@
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
 #include <flex/hooks/shape_text.h>
-#include <flex/models/decoder.h>
 
 #include <ATen/ATen.h>
-
-#include <regex>
 
 namespace flex {
 
 namespace {
 
-bool has_module(Module& model, const std::string& name) {
-  try {
-    model.get_submodule(name);
-    return true;
-  } catch (const NotFoundError&) {
-    return false;
-  }
-}
-
-std::string first_existing(Module& model, const std::vector<std::string>& names) {
-  for (const auto& n : names)
-    if (has_module(model, n)) return n;
-  return "";
-}
-
-const char* kUnderstood =
-    "hook_embed, hook_pos_embed, blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hook_mlp_out / "
-    "hook_mlp_in / ln2.hook_normalized / attn.hook_z / attn.hook_pattern, or a module name of the model";
 // The dictionary computes where the activation is: moved (once, its tensors
 // with it) to the activation's device the first time it sees one elsewhere,
 // so a dictionary loaded on the CPU splices into a model on a GPU or split
@@ -44,88 +23,16 @@ void follow_device(SparseDictionary& sae, const at::Tensor& x) {
 
 }  // namespace
 
-// What TransformerLens 4.3 puts at each name was measured on GPT-2, Gemma 2
-// and Gemma 3 (tests/data/tl_hooks/README.md): hook_attn_out / hook_mlp_out
-// are what the block adds to the residual (after Gemma's post-norms),
-// hook_mlp_in is the MLP norm's input (the residual), ln2.hook_normalized
-// that input normalised without the norm's weight and bias.
-HookPointRef resolve_hook_name(Module& model, const std::string& hook_name) {
-  if (hook_name.empty()) throw ConfigError("the dictionary names no hook point (cfg.json metadata.hook_name); pass one");
-  if (has_module(model, hook_name)) return {hook_name, false};
-  const std::string base = first_existing(model, {"transformer", "model", "gpt_neox"});
-  auto unmapped = [&] {
-    return NotFoundError("hook '" + hook_name + "' is neither a module of this model nor a TransformerLens hook it maps (" +
-                         kUnderstood + ")");
-  };
-  if (base.empty()) throw unmapped();
-  if (hook_name == "hook_embed") {
-    // TransformerLens's hook_embed is scaled (Gemma's sqrt(hidden)): where the
-    // scaling follows embed_tokens, the first block's input holds it.
-    auto decoder = std::dynamic_pointer_cast<DecoderModel>(model.get_submodule(base));
-    if (decoder && decoder->scales_after_lookup() && has_module(model, base + ".layers.0.hook_resid_pre"))
-      return {base + ".layers.0.hook_resid_pre", false};
-    const std::string e = first_existing(model, {base + ".wte", base + ".embed_tokens", base + ".embed_in"});
-    if (e.empty()) throw unmapped();
-    return {e, false};
-  }
-  if (hook_name == "hook_pos_embed" && has_module(model, base + ".wpe")) return {base + ".wpe", false};
-  std::smatch m;
-  if (!std::regex_match(hook_name, m, std::regex("blocks\\.(\\d+)\\.(.+)"))) throw unmapped();
-  const std::string blocks = first_existing(model, {base + ".h", base + ".layers"});
-  const std::string block = blocks + "." + m[1].str();
-  if (blocks.empty() || !has_module(model, block))
-    throw NotFoundError("hook '" + hook_name + "': the model has no block " + m[1].str());
-  const std::string rest = m[2].str();
-  const std::string attn = first_existing(model, {block + ".attn", block + ".self_attn", block + ".attention"});
-  const std::string ffn = first_existing(model, {block + ".mlp", block + ".block_sparse_moe", block + ".feed_forward"});
-  // Norms after the sublayers (Gemma 2/3's sandwich, OLMo 2's post-norm) end
-  // in post_feedforward_layernorm; post_attention_layernorm then follows the
-  // attention instead of preceding the MLP.
-  const bool post_norms = has_module(model, block + ".post_feedforward_layernorm");
-  const std::string mlp_norm =
-      first_existing(model, {block + ".ln_2", block + ".pre_feedforward_layernorm",
-                             post_norms ? std::string() : block + ".post_attention_layernorm"});
-  if (rest == "hook_resid_pre" || rest == "hook_resid_mid" || rest == "hook_resid_post") {
-    if (has_module(model, block + "." + rest)) return {block + "." + rest, false};
-  } else if (rest == "hook_attn_out" && !attn.empty()) {
-    return {post_norms ? block + ".post_attention_layernorm" : attn, false};
-  } else if (rest == "hook_mlp_out" && !ffn.empty()) {
-    return {post_norms ? block + ".post_feedforward_layernorm" : ffn, false};
-  } else if (rest == "hook_mlp_in") {
-    if (!mlp_norm.empty()) return {mlp_norm, true};
-    if (!ffn.empty()) return {ffn, true};  // no norm before the MLP: its input is the residual
-  } else if (rest == "ln2.hook_normalized" && !mlp_norm.empty()) {
-    return {mlp_norm, true, true};
-  } else if (rest == "attn.hook_z" && has_module(model, attn + ".hook_head_out")) {
-    return {attn + ".hook_head_out", false};
-  } else if (rest == "attn.hook_pattern" && has_module(model, attn + ".hook_attn_probs")) {
-    return {attn + ".hook_attn_probs", false};
-  }
-  throw unmapped();
-}
-
-namespace {
-
-// A norm module's input normalised without its weight and bias, as the norm computes it.
-at::Tensor normalized_input(Module& norm, const at::Tensor& x) {
-  if (auto* ln = dynamic_cast<LayerNorm*>(&norm)) return at::layer_norm(x, {x.size(-1)}, {}, {}, ln->eps);
-  if (auto* rms = dynamic_cast<RMSNorm*>(&norm)) {
-    const at::Tensor f = x.to(at::kFloat);
-    return (f * at::rsqrt(f.pow(2).mean({-1}, /*keepdim=*/true) + rms->eps)).to(x.scalar_type());
-  }
-  throw UnsupportedError("'" + norm.class_name() + "' is not a LayerNorm or RMSNorm: its normalised input is unknown");
-}
-
-}  // namespace
-
 HookHandle attach_at(FlexModel& fm, const HookPointRef& at, EditFn edit) {
   HookFunctionOptions o;
   o.save = false;
-  if (at.normalized) {
-    // Read only: the edit sees the normalised value; the norm's input flows on as it was.
-    o.editing_function = [edit](Module& m, const at::Tensor& x, SaveContext& c, TrainableModules& t) {
-      edit(m, normalized_input(m, x), c, t);
-      return x;
+  if (has_view(at)) {
+    // The edit sees what the name stands for (a normalised value is read only: the module's value flows on as it was).
+    o.editing_function = [edit, at](Module& m, const at::Tensor& x, SaveContext& c, TrainableModules& t) {
+      const at::Tensor seen = view_at(at, m, x);
+      const at::Tensor edited = edit(m, seen, c, t);
+      if (at.normalized || edited.is_same(seen)) return x;
+      return unview_at(at, edited, x);
     };
   } else {
     o.editing_function = std::move(edit);

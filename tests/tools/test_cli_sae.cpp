@@ -146,6 +146,45 @@ TEST(CliSae, CaptureWritesEachTokensActiveFeaturesAsTheEncoderGivesThem) {
   EXPECT_TRUE(flex_test::equal(t->get(b + "l0"), f->get(b + "l0")));
 }
 
+// capture --hook takes TransformerLens names and writes each capture under the name given: blocks.1.hook_resid_post
+// is the block's output, blocks.0.attn.hook_q the first third of c_attn's output split into 4 heads of 16; a name
+// flexmodel has no value for is an error naming it. With a dictionary in observe mode, its decoding hook points
+// capture too (they used to capture nothing): hook_sae_recons is the decoder applied by hand to the features the
+// encoder gives by hand, hook_sae_output (with the error term) the activation itself.
+TEST(CliSae, CaptureTakesTransformerLensNamesAndObservedDecodingHooks) {
+  flex_test::TempDir dir;
+  const std::string ids = dir.str("ids.safetensors");
+  ids_file(ids, 2, 7, 3);
+  auto r = run({"capture", tiny_model(), "--input-ids", ids, "--hook", "blocks.1.hook_resid_post", "--hook",
+                "blocks.0.attn.hook_q", "--hook", "transformer.h.1.hook_resid_post", "--hook",
+                "transformer.h.0.attn.c_attn", "--out", dir.str("tl.safetensors")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto f = flex::SafetensorsFile::open(dir.str("tl.safetensors"));
+  EXPECT_TRUE(flex_test::equal(f->get("blocks.1.hook_resid_post"), f->get("transformer.h.1.hook_resid_post")));
+  const at::Tensor q = f->get("transformer.h.0.attn.c_attn").narrow(-1, 0, 64).unflatten(-1, {4, 16});
+  EXPECT_TRUE(flex_test::equal(f->get("blocks.0.attn.hook_q"), q));
+  r = run({"capture", tiny_model(), "--input-ids", ids, "--hook", "blocks.0.attn.hook_attn_scores", "--out",
+           dir.str("no.safetensors")});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("blocks.0.attn.hook_attn_scores"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.str("no.safetensors")));
+
+  const std::string at = "transformer.h.1.hook_resid_post.sae.";
+  r = run({"capture", tiny_model(), "--input-ids", ids, "--sae", sae("topk"), "--hook", at + "hook_sae_recons",
+           "--hook", at + "hook_sae_output", "--hook", "blocks.1.hook_resid_post", "--out", dir.str("o.safetensors")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto o = flex::SafetensorsFile::open(dir.str("o.safetensors"));
+  ASSERT_TRUE(o->contains(at + "hook_sae_recons") && o->contains(at + "hook_sae_output")) << "observe mode captured nothing";
+  const at::Tensor x = o->get("blocks.1.hook_resid_post");
+  EXPECT_TRUE(flex_test::close(o->get(at + "hook_sae_output"), x, 1e-5, 1e-5)) << "output = recons + error = x";
+  auto w = weights("topk");
+  const auto features = by_hand(x, "topk", 8, true, false);
+  at::Tensor recons = w["b_dec"].expand({static_cast<int64_t>(features.size()), 64}).clone();
+  for (size_t n = 0; n < features.size(); ++n)
+    for (const auto& [feature, value] : features[n]) recons[n] += value * w["W_dec"][feature];
+  EXPECT_TRUE(flex_test::close(o->get(at + "hook_sae_recons").reshape({-1, 64}).to(at::kDouble), recons, 1e-4, 1e-4));
+}
+
 TEST(CliSae, DatasetShardsHoldTheFeaturesOfTheirOwnActivations) {
   flex_test::TempDir dir;
   const std::string corpus = dir.str("corpus.safetensors");

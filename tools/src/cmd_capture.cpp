@@ -30,7 +30,8 @@ const std::vector<Flag>& capture_flags() {
         {"--prompts-file", "FILE", "one prompt per line"},
         {"--input-ids", "FILE.safetensors", "tensor input_ids [B, T] (and attention_mask if present) as the batch"},
         {"--hook", "NAME", "module to capture ('all': every named module except the root and hook_* points; a pattern "
-                            "with * or ? selects every matching name, hook points included: '*.hook_attn_probs')", true},
+                            "with * or ? selects every matching name, hook points included: '*.hook_attn_probs'; a "
+                            "TransformerLens hook name, blocks.3.hook_resid_post, is captured under that name)", true},
         {"--out", "FILE.safetensors", "output: one tensor per hook, plus input_ids and logits"},
         {"--batch-size", "N|auto", "rows per forward (default: the whole batch; auto: the largest that fits in memory, "
                                    "halving from the whole batch); outputs are concatenated on dim 0"},

@@ -5,6 +5,7 @@
 
 #include <flex/hooks/errors.h>
 #include <flex/kernels/memory_reuse.h>
+#include <flex/sae/tl_hook_names.h>
 
 #include <c10/util/Exception.h>
 
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   // Every command runs forward after forward (or training steps): freed
   // activations are reused rather than page-faulted in again (design 32).
   flex::keep_freed_memory();
+  // TransformerLens hook names (blocks.3.hook_resid_post) wherever a module name is.
+  flex::install_transformer_lens_names();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;

@@ -59,6 +59,9 @@ class SparseDictionary : public Module {
   /// pre-activations, the encoder product is taken in bfloat16 with a proven
   /// error bound, and only the features that bound leaves in contention get
   /// exact float32 values: the same k features, 2-3x less encoder time.
+  /// With a hook on hook_sae_recons, hook_sae_error or hook_sae_output (an
+  /// SAE's), the whole forward runs instead (error term included), so that
+  /// those hooks see their values; x still flows on unchanged.
   void observe(const at::Tensor& x);
   /// Calls `fn` with the features ([N tokens, d_sae], after the hooks on
   /// hook_sae_acts_post) of every forward and observe: how capture records

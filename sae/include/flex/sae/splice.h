@@ -15,6 +15,7 @@
 // MLP's input) and stands in for the output hook (blocks.3.hook_mlp_out).
 #include <flex/flexcore/flex_model.h>
 #include <flex/sae/sparse_dictionary.h>
+#include <flex/sae/tl_hook_names.h>
 
 #include <memory>
 #include <string>
@@ -27,27 +28,6 @@ enum class SpliceMode {
   Replace,           ///< the reconstruction flows on
   ReplaceWithError,  ///< reconstruction + the unedited error: unchanged output unless a feature is edited
 };
-
-/// A place in the model: a module (or hook point) name, and whether the
-/// dictionary reads its input (true) or its output.
-struct HookPointRef {
-  std::string module;
-  bool input = false;
-  /// Read only: the module's (a norm's) input normalised without its weight
-  /// and bias (TransformerLens's ln2.hook_normalized).
-  bool normalized = false;
-};
-
-/// The place `hook_name` names in `model`: a module name of the model as it
-/// is, or a TransformerLens hook holding what TransformerLens 4.3's
-/// run_with_cache gives under that name (tests/data/tl_hooks): hook_embed,
-/// blocks.L.hook_resid_pre/mid/post, hook_attn_out and hook_mlp_out (what
-/// the block adds to the residual, after Gemma's post-norms), hook_mlp_in
-/// (the MLP norm's input), ln2.hook_normalized (that input normalised
-/// without the norm's weight: read only), attn.hook_z ([B, T, heads,
-/// d_head]), attn.hook_pattern ([B, heads, q, k]). NotFoundError naming the
-/// hook and the forms understood otherwise.
-HookPointRef resolve_hook_name(Module& model, const std::string& hook_name);
 
 /// A FlexModel hook at `at` running `edit` on the value there (at a
 /// normalized place: on the normalised value, its result ignored).
