@@ -173,6 +173,11 @@ void bind_sae(py::module_& m) {
           std::shared_ptr<const Tokenizer> tok;
           if (!tokenizer.empty()) tok = load_tokenizer(tokenizer);
           t.context_size = context_len;
+          // cfg.json's metadata.hook_name as SAELens and Neuronpedia look it up (as flexmodel train-sae writes it).
+          for (auto [name, given] : {std::pair<std::string*, std::string>{&t.hook_name, hook},
+                                     std::pair<std::string*, std::string>{&t.hook_name_out, transcoder_out}})
+            if (!given.empty())
+              if (const std::string tl = transformer_lens_name_of(*lm, given); !tl.empty()) *name = tl;
           source = model_source(lm, tok, mo, &held_ids);
         } else {
           source = shard_source(activations, hook, transcoder_out, eval_tokens, seed);

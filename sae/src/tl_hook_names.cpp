@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <regex>
 
 namespace flex {
@@ -185,6 +186,25 @@ std::vector<std::string> transformer_lens_names(Module& model) {
       if (std::string(n) != "hook_resid_post") add(block + n);
   }
   return out;
+}
+
+std::string transformer_lens_name_of(Module& model, const std::string& name) {
+  if (is_transformer_lens_name(name)) return name;
+  const std::string suffix = "#input";
+  const bool input = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string module = input ? name.substr(0, name.size() - suffix.size()) : name;
+  std::vector<std::string> names = transformer_lens_names(model);
+  // Block names before model-wide ones: Gemma's hook_embed and blocks.0.hook_resid_pre are one place.
+  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n.rfind("blocks.", 0) == 0; });
+  for (const auto& tl : names) {
+    const HookPointRef at = resolve_hook_name(model, tl);
+    if (has_view(at) || at.input != input) continue;
+    // A block's output is its hook_resid_post's (the hook point is the block's last step).
+    const bool block_output = !input && tl.size() > 16 && tl.compare(tl.size() - 16, 16, ".hook_resid_post") == 0 &&
+                              at.module == module + ".hook_resid_post";
+    if (at.module == module || block_output) return tl;
+  }
+  return "";
 }
 
 bool is_transformer_lens_name(const std::string& name) {

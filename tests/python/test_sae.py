@@ -162,6 +162,8 @@ def test_train_sae_on_the_fly_from_the_model(tmp_path):
                                 batch_tokens=64, total_tokens=64 * 30, eval_tokens=128, model=model,
                                 dataset=tmp_path / "ids.safetensors", context_len=32, buffer_tokens=256)
     assert r["steps"] == 30 and r["eval_tokens"] == 128
+    # cfg.json names the hook as TransformerLens does (a block's output: its hook_resid_post), as SAELens looks it up
+    assert json.loads((tmp_path / "sae" / "cfg.json").read_text())["metadata"]["hook_name"] == "blocks.1.hook_resid_post"
     held = r["held_out_ids"]  # the corpus's first contexts
     assert held.shape == (4, 32)
     with torch.no_grad():

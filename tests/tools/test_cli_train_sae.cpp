@@ -11,7 +11,9 @@
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/dispatch/safetensors.h>
+#include <flex/models/auto_model.h>
 #include <flex/sae/load_sae.h>
+#include <flex/sae/splice.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -294,6 +296,60 @@ TEST(CliTrainSae, OnTheFlyFromTheModelResumesExactlyAndReportsTheNextTokenLoss) 
   auto sae = flex::load_sae(tmp.str("clean"));
   EXPECT_EQ(sae->config().hook_name, "blocks.1.hook_resid_pre");
   kill_rerun_and_compare(args(tmp.str("killed")), tmp.str("killed"), tmp.str("clean"), tmp.str("err.txt"), "step-20");
+}
+
+// cfg.json's metadata names the hook as TransformerLens does (what SAELens and Neuronpedia look up) and the model by
+// its name: trained from a dataset captured under module names (a block's output: blocks.0.hook_resid_post; the
+// model named by its folder), and on the fly from the model (a hook point: blocks.1.hook_resid_pre; the model named
+// by config.json's _name_or_path, its last part). Read back as written, by the SAELens-format reader, and spliced
+// by its own hook name at the module it was trained on. A hook TransformerLens has no name for keeps its own.
+TEST(CliTrainSae, CfgJsonNamesTheHookAsTransformerLensAndTheModelByName) {
+  flex_test::TempDir tmp;
+  flex_examples::TinyGpt2Options mo;
+  mo.n_layer = 2;
+  mo.seed = 6;
+  const std::string model = tmp.str("tiny-gpt2");
+  flex_examples::write_tiny_gpt2(model, mo);
+  at::manual_seed(10);
+  flex::save_safetensors(tmp.str("ids.safetensors"),
+                         {{"input_ids", at::randint(flex_examples::tiny_vocab_size(), {24, 32}, at::kLong)}});
+  auto r = run({"capture", model, "--dataset", tmp.str("ids.safetensors"), "--context-len", "16", "--hook",
+                "transformer.h.0", "--hook", "transformer.h.0.mlp.c_fc", "--stream-dir", tmp.str("acts")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto train = [&](std::vector<std::string> source, const std::string& hook, const std::string& out) {
+    std::vector<std::string> a = {"train-sae"};
+    a.insert(a.end(), source.begin(), source.end());
+    for (const std::string x : {"--hook", hook.c_str(), "--architecture", "topk", "--d-sae", "32", "--k", "4",
+                                "--batch-tokens", "64", "--total-tokens", "256", "--eval-tokens", "64", "--out", out.c_str()})
+      a.push_back(x);
+    return run(a);
+  };
+  r = train({"--activations", tmp.str("acts")}, "transformer.h.0", tmp.str("sae"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto meta = read_json(tmp.str("sae/cfg.json")).at("metadata");
+  EXPECT_EQ(meta.at("hook_name"), "blocks.0.hook_resid_post");
+  EXPECT_EQ(meta.at("model_name"), "tiny-gpt2");
+  auto sae = flex::load_sae(tmp.str("sae"));
+  EXPECT_EQ(sae->config().hook_name, "blocks.0.hook_resid_post");
+  EXPECT_EQ(sae->config().model_name, "tiny-gpt2");
+  flex::FlexModel fm(flex::load_pretrained(model));
+  EXPECT_EQ(flex::splice_sae(fm, sae, {flex::SpliceMode::Observe}).module, "transformer.h.0.hook_resid_post");
+
+  nlohmann::json cfg = read_json(model + "/config.json");
+  cfg["_name_or_path"] = "some-org/tiny-named";
+  std::ofstream(model + "/config.json") << cfg.dump();
+  r = train({"--model", model, "--dataset", tmp.str("ids.safetensors"), "--context-len", "16", "--batch-size", "4",
+             "--buffer-tokens", "256"},
+            "transformer.h.1.hook_resid_pre", tmp.str("sae2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  meta = read_json(tmp.str("sae2/cfg.json")).at("metadata");
+  EXPECT_EQ(meta.at("hook_name"), "blocks.1.hook_resid_pre");
+  EXPECT_EQ(meta.at("model_name"), "tiny-named");
+
+  r = train({"--activations", tmp.str("acts")}, "transformer.h.0.mlp.c_fc", tmp.str("sae3"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_json(tmp.str("sae3/cfg.json")).at("metadata").at("hook_name"), "transformer.h.0.mlp.c_fc");
+  EXPECT_NE(r.err.find("no TransformerLens name"), std::string::npos) << r.err;
 }
 
 TEST(CliTrainSae, AFullDiskIsAnIOErrorAndARerunFinishesAsIfNothingHappened) {

@@ -5,18 +5,25 @@
 
 #include <flex/datasets/activation_shards.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/empty_init.h>
+#include <flex/models/auto_model.h>
+#include <flex/models/config.h>
 #include <flex/sae/model_source.h>
+#include <flex/sae/tl_hook_names.h>
 #include <flex/sae/trainer.h>
 
 #include <flex/dispatch/atomic_file.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 namespace flex::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 const std::vector<Flag>& train_sae_flags() {
   static const std::vector<Flag> flags = [] {
@@ -63,6 +70,55 @@ std::string required(const Args& args, const std::string& flag, const std::strin
   auto v = args.get(flag);
   if (!v) throw UsageError("missing " + flag + " " + metavar);
   return *v;
+}
+
+// cfg.json's metadata is what SAELens 6.54.12 and Neuronpedia look an SAE up by: SAEMetadata (sae_lens/saes/sae.py)
+// keeps every metadata key, and HookedSAETransformer.add_sae / Neuronpedia's uploads hook metadata.hook_name in a
+// TransformerLens model, so it must be TransformerLens's name (blocks.3.hook_resid_post), and model_name the
+// model's name (as in the published releases: "gpt2-small", "gemma-2-2b"), not a path on this machine.
+
+/// The model's name: config.json's _name_or_path (its last part: "google/gemma-2-2b" -> "gemma-2-2b"), else the
+/// folder's name.
+std::string model_name_of(const std::string& model_dir) {
+  fs::path dir(model_dir);
+  if (!dir.has_filename()) dir = dir.parent_path();  // "models/gpt2/"
+  try {
+    std::ifstream in(dir / "config.json");
+    if (in) {
+      const nlohmann::json cfg = nlohmann::json::parse(in);
+      if (auto n = cfg.find("_name_or_path"); n != cfg.end() && n->is_string() && !n->get<std::string>().empty()) {
+        std::string name = n->get<std::string>();
+        while (!name.empty() && name.back() == '/') name.pop_back();
+        const size_t slash = name.rfind('/');
+        if (!name.empty()) return slash == std::string::npos ? name : name.substr(slash + 1);
+      }
+    }
+  } catch (const nlohmann::json::exception&) {
+    // An unreadable config.json names nothing: the folder's name does.
+  }
+  return dir.filename().string();
+}
+
+/// The model's module tree, on meta (nothing loaded), to name hooks by; null when `model_dir` has no readable config.
+std::shared_ptr<CausalLM> module_tree(const std::string& model_dir) {
+  try {
+    const ModelConfig cfg = load_config(model_dir);
+    EmptyInit scope;
+    return build_causal_lm(cfg);
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+/// `hook` as TransformerLens names it (kept as it is, with a warning, when it has no such name).
+std::string transformer_lens_hook(const std::string& hook, CausalLM* model) {
+  if (hook.empty() || is_transformer_lens_name(hook)) return hook;
+  const std::string tl = model ? transformer_lens_name_of(*model, hook) : "";
+  if (tl.empty())
+    log(LogLevel::Warn, "'" + hook + "' has no TransformerLens name" +
+                            (model ? std::string() : std::string(" known here (the model's config.json was not found)")) +
+                            "; cfg.json's metadata.hook_name keeps it, which SAELens and Neuronpedia will not find");
+  return tl.empty() ? hook : tl;
 }
 
 }  // namespace
@@ -160,13 +216,22 @@ int run_train_sae(const std::vector<std::string>& argv) {
     }
     model = load_model(*model_dir, args);
     source = model_source(model, tok, mo, &held_ids);
-    s.model_name = *model_dir;
+    s.model_name = model_name_of(*model_dir);
     s.context_size = mo.context_len;
+    s.hook_name = transformer_lens_hook(hook, model.get());
+    s.hook_name_out = transformer_lens_hook(hook_out, model.get());
   } else {
     source = shard_source(dir, hook, hook_out, o.eval_tokens, s.seed);
     // The dataset's record of where its activations came from goes into cfg.json.
     const nlohmann::json made = ActivationDataset(dir).settings();  // a copy: the dataset is a temporary
-    if (made.contains("model") && made.at("model").is_string()) s.model_name = made.at("model").get<std::string>();
+    std::shared_ptr<CausalLM> tree;
+    if (made.contains("model") && made.at("model").is_string()) {
+      const std::string from = made.at("model").get<std::string>();
+      s.model_name = model_name_of(from);
+      tree = module_tree(from);
+    }
+    s.hook_name = transformer_lens_hook(hook, tree.get());
+    s.hook_name_out = transformer_lens_hook(hook_out, tree.get());
     if (made.contains("context_len") && made.at("context_len").is_number_integer())
       s.context_size = made.at("context_len").get<int64_t>();
   }

@@ -54,6 +54,11 @@ at::Tensor unview_at(const HookPointRef& at, const at::Tensor& edited, const at:
 /// ones first, then block by block.
 std::vector<std::string> transformer_lens_names(Module& model);
 
+/// The TransformerLens name of a module's output (or, as "<module>#input", its input) in `model`: the name
+/// resolving to exactly that value (a block's output is its hook_resid_post); `name` itself when it has
+/// TransformerLens's form already; "" when TransformerLens has no name for it.
+std::string transformer_lens_name_of(Module& model, const std::string& name);
+
 /// Whether `name` has TransformerLens's form (hook_embed, hook_pos_embed, blocks.L....).
 bool is_transformer_lens_name(const std::string& name);
 
