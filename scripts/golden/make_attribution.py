@@ -6,21 +6,24 @@ Run with the venv of `bash scripts/golden/setup.sh --attribution`
     PY=$(bash scripts/golden/setup.sh --attribution)
     $PY scripts/golden/make_attribution.py
 
-The model is the GPT-2 test fixture (tests/data/fixtures/models/gpt2: 2
-layers, d 64, vocab 256) loaded into TransformerLens (no LayerNorm folding,
-as circuit-tracer loads models), with random skip transcoders (layer 0
-ReLU, layer 1 JumpReLU), seeded. The transcoders are written as SAELens
+The models are the GPT-2 and Llama test fixtures (tests/data/fixtures/models/
+gpt2 and llama: 2 layers, d 64, vocab 256; Llama with grouped-query attention
+and RoPE) loaded into TransformerLens (no norm folding, as circuit-tracer
+loads models), each with random skip transcoders (layer 0 ReLU, layer 1
+JumpReLU), seeded. The transcoders are written as SAELens
 folders (what flexmodel's --transcoders reads; circuit-tracer's W_enc is
 their W_enc transposed) and given to circuit-tracer as its own
 SingleLayerTranscoder objects. Written:
 
-  gpt2-transcoders/layer_{0,1}/   cfg.json + sae_weights.safetensors
-  gpt2-circuit-tracer.safetensors input_ids, active_features, activation_values,
+For FAMILY in gpt2, llama (or the families given as arguments):
+
+  FAMILY-transcoders/layer_{0,1}/   cfg.json + sae_weights.safetensors
+  FAMILY-circuit-tracer.safetensors input_ids, active_features, activation_values,
                                   selected_features, logit_tokens, logit_probabilities,
                                   adjacency [N, N] (circuit-tracer's attribute(),
                                   batch_size 16), node_mask, edge_mask,
                                   cumulative_scores (its prune_graph at 0.8 / 0.98)
-  gpt2-circuit-tracer-graph.json  the graph file create_graph_files writes for
+  FAMILY-circuit-tracer-graph.json  the graph file create_graph_files writes for
                                   Neuronpedia (its create_nodes / create_used_nodes_and_edges
                                   / build_model; token strings are the ids)
 """
@@ -41,26 +44,27 @@ from circuit_tracer.transcoder.activation_functions import JumpReLU
 from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet
 from circuit_tracer.utils.create_graph_files import build_model, create_nodes, create_used_nodes_and_edges
 from transformer_lens import HookedTransformerConfig
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
-from transformers import GPT2LMHeadModel
+from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURE = os.path.join(ROOT, "tests/data/fixtures/models/gpt2")
+FIXTURES = os.path.join(ROOT, "tests/data/fixtures/models")
 OUT = os.path.join(ROOT, "tests/data/attribution")
 D_SAE = 16
-PROMPT = [255, 17, 42, 7, 99, 5, 11, 64, 2, 8]  # 255: the fixture's bos token
+PROMPTS = {"gpt2": [255, 17, 42, 7, 99, 5, 11, 64, 2, 8],  # 255: the fixture's bos token
+           "llama": [1, 17, 42, 7, 99, 5, 11, 64, 2, 8]}  # 1: its bos token
 BATCH = 16
 
 
 class IdTokenizer:
     """What circuit-tracer asks of a tokenizer, for a model without one: ids shown as numbers."""
 
-    all_special_ids = [255]
-    bos_token_id = 255
-    pad_token_id = None
-    eos_token_id = 255
+    def __init__(self, bos):
+        self.all_special_ids = [bos]
+        self.bos_token_id = self.eos_token_id = bos
+        self.pad_token_id = None
     padding_side = "right"
     vocab_size = 256
 
@@ -73,7 +77,7 @@ class IdTokenizer:
 
 
 def gpt2_model():
-    hf = GPT2LMHeadModel.from_pretrained(FIXTURE, dtype=torch.float32).eval()
+    hf = GPT2LMHeadModel.from_pretrained(os.path.join(FIXTURES, "gpt2"), dtype=torch.float32).eval()
     c = hf.config
     cfg = HookedTransformerConfig(
         n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head, n_heads=c.n_head,
@@ -86,11 +90,28 @@ def gpt2_model():
     return cfg, weights
 
 
-def transcoders(d_model, n_layers):
+def llama_model():
+    hf = LlamaForCausalLM.from_pretrained(os.path.join(FIXTURES, "llama"), dtype=torch.float32).eval()
+    c = hf.config
+    cfg = HookedTransformerConfig(
+        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_ctx=c.max_position_embeddings, d_head=c.head_dim,
+        n_heads=c.num_attention_heads, n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size,
+        d_vocab=c.vocab_size, act_fn="silu", normalization_type="RMS", eps=c.rms_norm_eps, gated_mlp=True,
+        final_rms=True, positional_embedding_type="rotary", rotary_dim=c.head_dim, rotary_base=c.rope_theta,
+        rotary_adjacent_pairs=False, original_architecture="LlamaForCausalLM", model_name="llama-fixture",
+        default_prepend_bos=False, dtype=torch.float32, device="cpu",
+    )
+    weights = convert_llama_weights(hf, cfg)
+    weights.setdefault("unembed.b_U", torch.zeros(c.vocab_size))
+    return cfg, weights
+
+
+def transcoders(d_model, n_layers, family):
     torch.manual_seed(51)
     set_, saelens = {}, []
     for layer in range(n_layers):
-        w_enc = torch.randn(d_model, D_SAE) * 0.25 / d_model**0.5 * 8  # [d_in, d_sae] as SAELens stores it
+        # Pre-activations of a few units on the norm's unit-scale output.
+        w_enc = torch.randn(d_model, D_SAE) * 2.0 / d_model**0.5  # [d_in, d_sae] as SAELens stores it
         b_enc = torch.randn(D_SAE) * 0.3
         w_dec = torch.randn(D_SAE, d_model) * 0.2
         b_dec = torch.randn(d_model) * 0.1
@@ -113,34 +134,37 @@ def transcoders(d_model, n_layers):
             "d_in": d_model, "d_sae": D_SAE, "d_out": d_model, "dtype": "float32", "device": "cpu",
             "apply_b_dec_to_input": False, "normalize_activations": "none", "reshape_activations": "none",
             "metadata": {"sae_lens_version": "6.54.12", "hook_name": f"blocks.{layer}.mlp.hook_in", "hook_name_out": f"blocks.{layer}.mlp.hook_out",
-                         "model_name": "gpt2-fixture", "hook_head_index": None, "prepend_bos": True,
+                         "model_name": f"{family}-fixture", "hook_head_index": None, "prepend_bos": True,
                          "context_size": 64},
         }
         saelens.append((cfg, tensors))
     return TranscoderSet(set_, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
-                         scan="flexmodel-gpt2-fixture"), saelens
+                         scan=f"flexmodel-{family}-fixture"), saelens
 
 
-def main():
-    cfg, weights = gpt2_model()
-    tset, saelens = transcoders(cfg.d_model, cfg.n_layers)
+def make(family):
+    cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
+    tset, saelens = transcoders(cfg.d_model, cfg.n_layers, family)
     model = TransformerLensReplacementModel(cfg)
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not [k for k in missing if "IGNORE" not in k and "mask" not in k], missing
+    assert not [k for k in missing if "IGNORE" not in k and "mask" not in k and "rotary" not in k], missing
     model._configure_replacement_model(tset)
-    model.tokenizer = IdTokenizer()
+    prompt = PROMPTS[family]
+    tok = IdTokenizer(prompt[0])
+    model.tokenizer = tok
     model.eval()
 
-    graph = attribute(torch.tensor(PROMPT), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
+    graph = attribute(torch.tensor(prompt), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
     node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
 
     os.makedirs(OUT, exist_ok=True)
     for layer, (c, tensors) in enumerate(saelens):
-        d = os.path.join(OUT, "gpt2-transcoders", f"layer_{layer}")
+        d = os.path.join(OUT, f"{family}-transcoders", f"layer_{layer}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "cfg.json"), "w") as f:
             json.dump(c, f, indent=1)
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "sae_weights.safetensors"))
+        os.chmod(os.path.join(d, "sae_weights.safetensors"), 0o644)
     out = {
         "input_ids": graph.input_tokens.to(torch.int64),
         "active_features": graph.active_features.to(torch.int64).contiguous(),
@@ -153,19 +177,24 @@ def main():
         "edge_mask": edge_mask.to(torch.uint8).contiguous(),
         "cumulative_scores": cumulative.float(),
     }
-    save_file(out, os.path.join(OUT, "gpt2-circuit-tracer.safetensors"),
-              metadata={"circuit_tracer": circuit_tracer.__version__,
-                        "transformer_lens": transformer_lens.__version__ if hasattr(transformer_lens, "__version__") else "2.16.1",
-                        "torch": torch.__version__, "batch_size": str(BATCH)})
-    tok = IdTokenizer()
+    path = os.path.join(OUT, f"{family}-circuit-tracer.safetensors")
+    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
+                                   "torch": torch.__version__, "batch_size": str(BATCH)})
+    os.chmod(path, 0o644)
     nodes = create_nodes(graph, node_mask, tok, cumulative)
     used_nodes, used_edges = create_used_nodes_and_edges(graph, nodes, edge_mask)
-    viewer = build_model(graph, used_nodes, used_edges, "gpt2-circuit-tracer-graph", "flexmodel-gpt2-fixture", 0.8, tok)
-    with open(os.path.join(OUT, "gpt2-circuit-tracer-graph.json"), "w") as f:
+    viewer = build_model(graph, used_nodes, used_edges, f"{family}-circuit-tracer-graph", f"flexmodel-{family}-fixture",
+                         0.8, tok)
+    with open(os.path.join(OUT, f"{family}-circuit-tracer-graph.json"), "w") as f:
         f.write(viewer.model_dump_json(indent=1))
-    print(f"{len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
+    print(f"{family}: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept",
           file=sys.stderr)
+
+
+def main():
+    for family in sys.argv[1:] or ["gpt2", "llama"]:
+        make(family)
 
 
 if __name__ == "__main__":

@@ -60,17 +60,19 @@ void expect_near(const json& ours, const json& theirs, double tol, const std::st
 
 }  // namespace
 
-TEST(CliAttribute, GraphFileIsCircuitTracers) {
+static void compare_graph_files(const std::string& family, std::vector<int64_t> prompt, const std::string& n_active) {
+  SCOPED_TRACE(family);
   flex_test::TempDir dir;
   const std::string out = dir.str("graph.json");
-  const auto r = run({"attribute", gpt2(), "--transcoders", data("gpt2-transcoders"), "--input-ids", ids_file(dir, kPrompt),
-                      "--out", out, "--batch-size", "16", "--slug", "gpt2-circuit-tracer-graph"});
+  const auto r = run({"attribute", flex_test::fixture("models/" + family), "--transcoders", data(family + "-transcoders"),
+                      "--input-ids", ids_file(dir, prompt), "--out", out, "--batch-size", "16", "--slug",
+                      family + "-circuit-tracer-graph"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("152 active features"), std::string::npos) << r.out;
-  const json ours = read_json(out), theirs = read_json(data("gpt2-circuit-tracer-graph.json"));
+  EXPECT_NE(r.out.find(n_active + " active features"), std::string::npos) << r.out;
+  const json ours = read_json(out), theirs = read_json(data(family + "-circuit-tracer-graph.json"));
   for (const char* key : {"slug", "prompt_tokens", "prompt", "node_threshold", "schema_version", "transcoder_list"})
     EXPECT_EQ(ours["metadata"][key], theirs["metadata"][key]) << "metadata." << key;
-  EXPECT_EQ(ours["metadata"]["scan"], "gpt2-transcoders");
+  EXPECT_EQ(ours["metadata"]["scan"], family + "-transcoders");
   EXPECT_EQ(ours["qParams"], theirs["qParams"]);
 
   const json& on = ours["nodes"];
@@ -100,8 +102,13 @@ TEST(CliAttribute, GraphFileIsCircuitTracers) {
     }
     EXPECT_LE(std::abs(a - b), 1e-4 * std::max(std::abs(b), largest)) << "link " << i;
   }
-  std::cout << "largest |link weight - circuit-tracer's| " << worst << " at " << worst_at << " (largest weight "
+  std::cout << family << ": largest |link weight - circuit-tracer's| " << worst << " at " << worst_at << " (largest weight "
             << largest << ")\n";
+}
+
+TEST(CliAttribute, Gpt2GraphFileIsCircuitTracers) { compare_graph_files("gpt2", kPrompt, "152"); }
+TEST(CliAttribute, LlamaGraphFileIsCircuitTracers) {
+  compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "165");
 }
 
 TEST(CliAttribute, TypedErrors) {
