@@ -148,8 +148,11 @@ void check_against_reference(const std::string& name) {
   const at::Tensor rows = target_rows(g);
   const double scale = r.edges.abs().max().item<double>();
   EXPECT_TRUE(flex_test::close(rows, r.edges, 1e-8, 1e-10 * scale)) << name << ": edges vs frozen-replacement differences";
+  const at::Tensor diff = (rows - r.edges).abs();
+  const int64_t worst = diff.argmax().item<int64_t>(), C = rows.size(1);
   std::cout << name << ": " << g.n_features() << " features, " << g.n_nodes() << " nodes; largest |edge - reference| "
-            << (rows - r.edges).abs().max().item<double>() << " (largest edge " << scale << ")\n";
+            << diff.max().item<double>() << " at [target row " << worst / C << ", source node " << worst % C
+            << "] (largest edge " << scale << ")\n";
   // Error and token nodes have no incoming edges.
   EXPECT_EQ(g.adjacency.narrow(0, g.error_offset(), L * T + T).abs().sum().item<double>(), 0.0);
   // Upstream only: no edge from a feature of the same or a later layer, or a later position.
