@@ -118,19 +118,20 @@ ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<T
     out = Value(r.embed_leaf);
   }));
   for (size_t l = 0; l < n; ++l) {
-    // The MLP runs on a detached copy of its input (no graph through it);
-    // its output becomes a constant, plus the skip path where there is one.
+    // The MLP runs on one detached batch row of its input (the rows are the
+    // same prompt; no graph through it); its output becomes a constant,
+    // broadcast over the batch, plus the skip path where there is one.
     hooks.handles.push_back(p.mlps[l]->register_forward_pre_hook([&r, l](Module&, Inputs& in) {
       r.x[l] = in.tensor(0);
-      in.args[0] = Value(r.x[l].detach());
+      in.args[0] = Value(r.x[l].detach().narrow(0, 0, 1));
     }));
     hooks.handles.push_back(p.mlps[l]->register_forward_hook([&r, &tw, l](Module&, const Inputs&, Value& out) {
-      const at::Tensor o = find_first_tensor(out);
+      const at::Tensor o = find_first_tensor(out);  // [1, T, d]
       if (tw[l].W_skip.defined()) {
         const at::Tensor skip = tw[l].skip(r.x[l]);
-        r.y[l] = (o - skip.detach()).detach() + skip;
+        r.y[l] = (o - tw[l].skip(r.x[l].detach().narrow(0, 0, 1))).detach() + skip;
       } else {
-        r.y[l] = o.detach().clone().requires_grad_(true);
+        r.y[l] = o.detach().expand(r.x[l].sizes()).clone().requires_grad_(true);
       }
       out = Value(r.y[l]);
     }));
