@@ -386,7 +386,18 @@ struct GgufVariant {
 // flexmodel (faithful float activations; with --fast-activations for the
 // quantized types; and with 12 captures) and llama.cpp on the same file,
 // interleaved round by round. Decode from prompt 1 x P then N new tokens.
-void bench_gguf(const Args& a, double bandwidth) {
+// `name` as a path: itself when it has a '/', else the first match on $PATH (Peer spawns by path).
+std::string on_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  std::stringstream dirs(std::getenv("PATH") ? std::getenv("PATH") : "");
+  for (std::string d; std::getline(dirs, d, ':');)
+    if (!d.empty() && ::access((fs::path(d) / name).c_str(), X_OK) == 0) return (fs::path(d) / name).string();
+  throw std::runtime_error("no " + name + " on PATH (--gguf-python)");
+}
+
+void bench_gguf(const Args& args, double bandwidth) {
+  Args a = args;
+  a.gguf_python = on_path(a.gguf_python);
   const fs::path dir = fs::path(a.work) / ("gguf-" + a.gguf_size);
   fs::create_directories(dir);
   std::vector<GgufVariant> vs;
@@ -445,6 +456,7 @@ void bench_gguf(const Args& a, double bandwidth) {
     warm.new_tokens = 2;
     for (GgufVariant& v : vs) run_ours(v.run, ids, warm);
     for (GgufVariant& v : vs) v.run.ours = Timing();
+    for (auto& [f, peer] : peers) peer->run();  // llama.cpp's first run sets up its buffers
   }
   for (int r = 0; r < a.rounds; ++r)
     for (GgufVariant& v : vs) {

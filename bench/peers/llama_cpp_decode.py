@@ -37,7 +37,9 @@ def main():
     print(json.dumps({"ready": True, "versions": {"llama-cpp-python": llama_cpp.__version__}}), flush=True)
 
     def last_argmax():
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # The last position's logits, straight from llama.cpp's output buffer
+        # (llama-cpp-python keeps them in .scores only with logits_all).
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
 
     for line in sys.stdin:
         if line.strip() != "run":
