@@ -134,7 +134,7 @@ def _engine_module(module):
 
 
 def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,
-                    quantization_config=None, mmap=True):
+                    quantization_config=None, mmap=True, fast_activations=False):
     """Loads a Hugging Face model folder (config.json + safetensors / .bin, sharded or not).
 
     device_map: None (all on CPU), "auto" / "balanced" / "balanced_low_0" / "sequential",
@@ -142,6 +142,9 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     torch_dtype: torch.float32 (default), torch.bfloat16, torch.float16, "auto".
     quantization_config: "int8" / "nf4" / "fp4", a dict or Transformers' BitsAndBytesConfig.
     mmap=False copies CPU weights into memory instead of leaving them views of the mapped file.
+    A GGUF file (path to a .gguf) keeps its quantized matrices in their blocks; fast_activations=True
+    quantizes those layers' inputs to 8 bits per 32 values as llama.cpp does (faster decoding, error in
+    docs/gguf.md; the CLI's --fast-activations).
     """
     path = os.fspath(path)
     strategy, explicit = None, None
@@ -151,5 +154,5 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
         strategy = str(device_name(device_map))  # "auto", "cpu", "disk", 0, torch.device("cuda:1")
     lm = _C.from_pretrained(path, strategy, explicit, max_memory_json(max_memory),
                             None if offload_folder is None else os.fspath(offload_folder),
-                            dtype_name(torch_dtype), quantization(quantization_config), mmap)
+                            dtype_name(torch_dtype), quantization(quantization_config), mmap, fast_activations)
     return PreTrainedModel(lm, path)

@@ -12,6 +12,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/from_pretrained.h>
 #include <flex/models/generate.h>
+#include <flex/models/gguf_model.h>
 #include <flex/quant/quantize_model.h>
 
 #include <ATen/ATen.h>
@@ -146,14 +147,18 @@ void bind_modules(py::module_& m) {
       [](const std::string& path, const std::optional<std::string>& strategy,
          const std::optional<std::string>& device_map, const std::optional<std::string>& max_memory,
          const std::optional<std::string>& offload_folder, const std::string& torch_dtype,
-         const py::object& quantization_config, bool mmap) {
-        const PretrainedOptions o =
+         const py::object& quantization_config, bool mmap, bool fast_activations) {
+        PretrainedOptions o =
             pretrained_options(strategy, device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
+        if (fast_activations && !is_gguf_file(path))
+          throw ConfigError("fast_activations applies to GGUF files (their quantized layers); '" + path +
+                            "' is not one");
+        o.fast_activations = fast_activations;
         py::gil_scoped_release nogil;
         return from_pretrained(path, o);
       },
       py::arg("path"), py::arg("strategy"), py::arg("device_map"), py::arg("max_memory"), py::arg("offload_folder"),
-      py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"));
+      py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"), py::arg("fast_activations") = false);
 
   m.def("knows_model_type", [](const std::string& model_type) { return find_architecture(model_type) != nullptr; },
         "Whether flexmodel has an architecture for this config.model_type");

@@ -58,3 +58,24 @@ def test_gguf_model_errors_are_typed():
         assert "device maps" in str(e) and str(GGUF) in str(e)
     else:
         raise AssertionError("no error for device_map on a GGUF file")
+
+
+def test_quantized_gguf_hooks_and_fast_activations():
+    """llama-mixed.gguf's layers compute on their blocks: captures from Python
+    equal Transformers' logits on gguf-py's weights, fast_activations stays
+    within its documented error, and a safetensors folder refuses the option."""
+    mixed = DATA.parent / "gguf" / "llama-mixed.gguf"
+    ref = load_file(str(DATA.parent / "gguf" / "llama-mixed.logits.safetensors"))
+    ids, want = ref["decode_input_ids"], ref["decode_logits"]
+    logits, caps = captures(flexmodel.from_pretrained(mixed), ids)
+    assert_close(logits, want, 2e-5 * want.abs().max().item(), "quantized GGUF logits vs Transformers'")
+    assert "model.layers.0.self_attn.q_proj" in caps and "lm_head" in caps, sorted(caps)
+    fast, _ = captures(flexmodel.from_pretrained(mixed, fast_activations=True), ids)
+    err = (fast - want).abs().max().item() / want.abs().max().item()
+    assert 0 < err < 3e-2, err
+    try:
+        flexmodel.from_pretrained(FOLDER, fast_activations=True)
+    except flexmodel.ConfigError as e:
+        assert "GGUF" in str(e)
+    else:
+        raise AssertionError("no error for fast_activations on a safetensors folder")
