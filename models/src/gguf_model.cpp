@@ -32,6 +32,7 @@ const std::map<std::string, std::string>& llama_block_names() {
       {"attn_norm", "input_layernorm"},   {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
       {"attn_v", "self_attn.v_proj"},     {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
       {"ffn_gate", "mlp.gate_proj"},      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
+      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},  // Qwen3's per-head norms
   };
   return m;
 }
@@ -86,6 +87,7 @@ const GgufArch* gguf_arch(const std::string& arch) {
   static const std::map<std::string, GgufArch> m = {
       {"llama", {"llama", "LlamaForCausalLM", true}},
       {"qwen2", {"qwen2", "Qwen2ForCausalLM", false}},
+      {"qwen3", {"qwen3", "Qwen3ForCausalLM", false}},  // Qwen2's layout with q/k norms (NEOX rope: no permutation)
   };
   auto it = m.find(arch);
   return it == m.end() ? nullptr : &it->second;
@@ -107,7 +109,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   const GgufArch* a = gguf_arch(arch);
   if (!a)
     throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
-                           "'; flexmodel reads GGUF models of architecture 'llama' and 'qwen2' so far");
+                           "'; flexmodel reads GGUF models of architecture 'llama' (Llama, Mistral), 'qwen2' and 'qwen3' so far");
   const std::string p = arch + ".";
   nlohmann::json c;
   c["model_type"] = a->model_type;
@@ -140,6 +142,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
     c["vocab_size"] = f.tensor("token_embd.weight").shape.at(0);
   }
   c["tie_word_embeddings"] = !f.contains("output.weight");
+  if (arch == "qwen3") c["attention_bias"] = f.contains("blk.0.attn_q.bias");
   if (arch == "llama") {  // Qwen2's q/k/v biases are part of its architecture
     c["attention_bias"] = f.contains("blk.0.attn_q.bias");
     c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");

@@ -26,6 +26,9 @@ them as the reference the C++ reader is checked against:
   llama-tiny-tied-q8_0.gguf  a Llama with tied embeddings (no output.weight,
                              as llama.cpp writes it), Q8_0, and its
     .logits.safetensors      Transformers' logits with gguf-py's weights
+  qwen3-tiny-q8_0.gguf       a random Qwen3 (per-head q/k norms, head_dim 32
+                             beside hidden 64) as llama.cpp writes arch qwen3,
+    .logits.safetensors      Q8_0, and Transformers' logits on gguf-py's weights
   llama-mixed.gguf           one Llama block (hidden 256) whose matrices are
                              random blocks of Q4_K, Q4_0, Q5_K, Q6_K, Q4_1,
                              Q5_1, Q5_0 and a Q8_0 head (the quantized kernels)
@@ -259,8 +262,11 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen3"):
         w.add_vocab_size(cfg.vocab_size)
+    if arch == "qwen3":
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
@@ -272,7 +278,8 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
     names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
     per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # llama.cpp writes no output tensor for tied embeddings
@@ -367,6 +374,28 @@ MIXED_TYPES = {"self_attn.q_proj": T.Q4_K, "self_attn.k_proj": T.Q4_0, "self_att
 # Scale magnitudes giving weights of roughly unit-0.3 size per type (q ranges differ).
 MIXED_SCALE = {T.Q4_K: 0.003, T.Q4_0: 0.5, T.Q5_K: 0.0015, T.Q6_K: 0.0005, T.Q4_1: 0.4, T.Q5_1: 0.2, T.Q5_0: 0.25,
                T.Q8_0: 0.05}
+
+
+def write_qwen3_tiny():
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(55)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, max_position_embeddings=64, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "qwen3-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="qwen3")
+    assert any(k.endswith("q_norm.weight") for k in back)
+    q = Qwen3ForCausalLM(cfg).eval()
+    q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    with torch.no_grad():
+        logits = q(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen3-tiny-q8_0.logits.safetensors"))
 
 
 def write_llama_mixed(rng):
@@ -478,6 +507,7 @@ def main():
     write_llama_tiny()
     write_qwen2_tiny()
     write_llama_mixed(np.random.default_rng(54))
+    write_qwen3_tiny()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

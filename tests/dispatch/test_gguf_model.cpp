@@ -123,6 +123,22 @@ TEST(GgufModel, Qwen2LogitsEqualTransformers) {
   EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
 }
 
+// Qwen3 (arch qwen3: q/k norms per head, head_dim from attention.key_length, no q/k permutation).
+TEST(GgufModel, Qwen3LogitsEqualTransformers) {
+  const std::string path = data_path("gguf/qwen3-tiny-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  const nlohmann::json c = flex::gguf_config_json(*f);
+  EXPECT_EQ(c.at("model_type"), "qwen3");
+  EXPECT_EQ(c.at("head_dim"), 32);
+  EXPECT_EQ(c.at("hidden_size"), 64);
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/qwen3-tiny-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  EXPECT_EQ(m->class_name(), "Qwen3ForCausalLM");
+  m->get_submodule("model.layers.1.self_attn.k_norm");  // present (NotFoundError otherwise)
+  EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());

@@ -3,8 +3,10 @@
 // rebuilt from the file's metadata, the tensors renamed to Transformers'
 // module names, dequantized to float32 and, for q/k, put back in
 // Transformers' row order (llama.cpp's converter interleaves each head's
-// rotary halves; not for Qwen2). Architectures: llama (llama.cpp's name for
-// Llama and Mistral) and qwen2. from_pretrained("model.gguf") comes here.
+// rotary halves; not for Qwen2 / Qwen3). Architectures: llama (llama.cpp's
+// name for Llama and Mistral), qwen2 and qwen3. from_pretrained("model.gguf")
+// comes here; matrices in a quantized ggml type stay in their blocks
+// (flex/quant/ggml_format.h) unless options.gguf_quantized is false.
 #include <flex/models/causal_lm.h>
 #include <flex/models/from_pretrained.h>
 
