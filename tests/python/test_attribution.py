@@ -49,6 +49,19 @@ def test_transcoder_objects_and_the_folder_agree(gpt2, golden):
     assert torch.equal(a["adjacency"], b["adjacency"])
 
 
+def test_token_strings_from_a_tokenizer(gpt2, golden):
+    class Tok:
+        def decode(self, ids):
+            return f"<{ids[0]}>"
+
+    g = flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", golden["input_ids"], tokenizer=Tok(), prompt="p")
+    meta = g["json"]["metadata"]
+    assert meta["prompt"] == "p"
+    assert meta["prompt_tokens"] == [f"<{i}>" for i in golden["input_ids"].tolist()]
+    logits = [n for n in g["json"]["nodes"] if n["feature_type"] == "logit"]
+    assert logits and all(n["clerp"].startswith(f'Output "<{n["feature"]}>"') for n in logits)
+
+
 def test_typed_errors(gpt2, golden):
     with pytest.raises(flexmodel.ConfigError, match="node_threshold"):
         flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", golden["input_ids"], node_threshold=2.0)

@@ -178,6 +178,27 @@ void check_against_reference(const std::string& name) {
 TEST(Attribution, Gpt2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2"); }
 TEST(Attribution, LlamaEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama"); }
 
+TEST(Attribution, NoActiveFeatureLeavesErrorsTokensAndLogits) {
+  auto m = model("llama");
+  auto tc = transcoders(*m, at::kDouble);
+  {
+    at::NoGradGuard ng;
+    for (auto& t : tc) t->set_tensor("b_enc", at::full({24}, -1e3, at::kDouble));  // nothing fires
+  }
+  const AttributionGraph g = attribute(*m, tc, prompt());
+  ASSERT_EQ(g.active_features.size(0), 0);
+  ASSERT_EQ(g.n_features(), 0);
+  EXPECT_EQ(g.n_nodes(), g.n_layers * g.n_pos + g.n_pos + g.logit_tokens.size(0));
+  // The logit rows are still the reference's differences (the errors now hold the whole MLP outputs).
+  flex_test::AttributionReference ref(*m, tc, prompt());
+  const ReferenceEdges r = reference_edges(ref, g);
+  const at::Tensor rows = target_rows(g);
+  EXPECT_TRUE(flex_test::close(rows, r.edges, 1e-8, 1e-10 * r.edges.abs().max().item<double>()));
+  EXPECT_TRUE(flex_test::close(rows.sum(1) + r.bias, r.value, 1e-9, 1e-10));
+  const PrunedGraph p = prune_graph(g);
+  EXPECT_TRUE(p.node_mask.narrow(0, g.token_offset(), g.n_pos + g.logit_tokens.size(0)).all().item<bool>());
+}
+
 TEST(Attribution, BatchSizeAndFeatureBudgetLeaveRowsAlone) {
   auto m = model("gpt2");
   auto tc = transcoders(*m, at::kDouble);

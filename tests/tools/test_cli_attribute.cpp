@@ -146,5 +146,9 @@ TEST(CliAttribute, TypedErrors) {
   EXPECT_NE(r.err.find("--transcoders"), std::string::npos) << r.err;
   r = run({"attribute", gpt2(), "--transcoders", tc, "--out", dir.str("g.json")});
   EXPECT_EQ(r.code, 2);
+  // --prompt needs the model folder's tokenizer (the fixture has none): says to pass ids.
+  r = run({"attribute", gpt2(), "--transcoders", tc, "--prompt", "hello", "--out", dir.str("g.json")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--input-ids"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.str("g.json")));
 }
