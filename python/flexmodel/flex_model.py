@@ -11,6 +11,7 @@ A hook without an editing function (or with a built-in one from flexmodel.edits)
 runs entirely in C++; a Python editing function is called inside the C++ hook
 with the GIL held only for that call.
 """
+import re
 import types
 import warnings
 import weakref
@@ -261,10 +262,23 @@ class FlexModel:
     def create_hook_group(self, group_name, group_constructor, expected_shape=None, editing_function=None,
                           unpack_idx=0, regex=False, hook_type="forward"):
         """One HookFunction per module whose name contains ``group_constructor`` (or, with regex=True,
-        fully matches it), all tagged ``group_name``; returns them."""
+        fully matches it), all tagged ``group_name``; returns them. Where no module name matches, the
+        TransformerLens names that do (``"blocks\\.\\d+\\.hook_resid_post"``, regex=True) make the group."""
         fn = _engine_edit(self, editing_function, f"hook group {group_name!r}")
-        made = self._engine.create_hook_group(group_name, group_constructor, regex, hook_type, expected_shape, fn,
-                                              unpack_idx, True)
+        try:
+            made = self._engine.create_hook_group(group_name, group_constructor, regex, hook_type, expected_shape, fn,
+                                                  unpack_idx, True)
+        except NotFoundError:
+            aliases = [a for a in (self._alias_names() if hook_type == "forward" else [])
+                       if (re.fullmatch(group_constructor, a) if regex else group_constructor in a)]
+            if not aliases:
+                raise
+            made = []
+            for name in aliases:
+                hook = HookFunction(name, expected_shape, editing_function, unpack_idx)
+                self.register_forward_hook(hook)
+                self._engine.update_hook_groups([hook._cpp], group_name)
+                made.append(hook._cpp)
         hooks = self._python_hooks(made)
         for h in hooks:
             h.expected_shape = None if expected_shape is None else tuple(expected_shape)

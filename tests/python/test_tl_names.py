@@ -85,6 +85,13 @@ def test_edits_groups_and_tracing_by_name():
         fm(ids, groups="resid")
     assert set(out) == {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
     fm.restore()
+    made = fm.create_hook_group("every_resid", r"blocks\.\d+\.hook_resid_pre", regex=True)
+    assert [h.module_name for h in made] == [f"blocks.{i}.hook_resid_pre" for i in range(hf.config.num_hidden_layers)]
+    with torch.no_grad():
+        fm(ids, groups="every_resid")
+    for i in range(hf.config.num_hidden_layers):
+        assert_close(out[f"blocks.{i}.hook_resid_pre"], ref.hidden_states[i], 1e-5, f"group's blocks.{i}.hook_resid_pre")
+    fm.restore()
 
     with torch.no_grad(), fm.trace(ids):
         h = fm.blocks[1].hook_resid_post.output.save()
