@@ -24,8 +24,9 @@ def capture_dataset(model, dataset, out_dir, hooks, context_len=128, batch_size=
                     tokenizer=None, progress=None):
     """Captures ``hooks``' activations of every token of ``dataset`` into ``out_dir``.
 
-    model: a FlexModel (its own hooks stay; under mpirun its mesh is used and rank 0 writes) or a
-        model from from_pretrained.
+    model: a FlexModel (its own hooks stay; under mpirun its mesh is used and rank 0 writes; a wrapped
+        Transformers model too) or a model from from_pretrained.
+    hooks: module names, or TransformerLens hook names (blocks.3.hook_resid_post), stored under that name.
     dataset: a text file (one document per line), JSON Lines (with text_field) or a safetensors file
         of token ids ("input_ids": [tokens] or [documents, tokens]).
     positions: "all", or K tokens drawn per context (seeded by seed and the context number).
@@ -45,7 +46,9 @@ def capture_dataset(model, dataset, out_dir, hooks, context_len=128, batch_size=
         raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
     max_contexts = -1 if max_tokens is None else (max_tokens + context_len - 1) // context_len
     if isinstance(model, FlexModel):
-        engine, distributed, source = model._engine, model._mesh is not None, model.module
+        # (A wrapped Transformers model: flexmodel's model around it knows its folder.)
+        engine, distributed = model._engine, model._mesh is not None
+        source = model.module if model._adopted is None else model._adopted
     else:
         engine, distributed, source = _C.FlexModel(_engine_module(model)), False, model
     model_dir = source.name_or_path if isinstance(source, PreTrainedModel) else None

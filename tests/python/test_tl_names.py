@@ -114,3 +114,23 @@ def test_names_without_a_value_are_typed_errors():
     torch_fm = flexmodel.FlexModel(hf_model("llama"), {}, engine="torch")
     with pytest.raises(flexmodel.NotFoundError):
         torch_fm.register_forward_hook(flexmodel.HookFunction("blocks.0.hook_resid_post"))
+
+
+def test_capture_dataset_of_a_wrapped_transformers_model_by_name(tmp_path):
+    """capture_dataset over FlexModel(hf_model) stores a TransformerLens-named hook under that name: every token's
+    blocks.1.hook_resid_post is Transformers' hidden_states[2] at that token."""
+    from safetensors.torch import save_file
+    hf = hf_model("llama")
+    ids = torch.randint(3, 96, (3, 16), generator=torch.Generator().manual_seed(14))
+    save_file({"input_ids": ids}, str(tmp_path / "ids.safetensors"))
+    fm = flexmodel.FlexModel(hf, {})
+    flexmodel.capture_dataset(fm, tmp_path / "ids.safetensors", tmp_path / "acts", hooks=["blocks.1.hook_resid_post"],
+                              context_len=8)
+    data = flexmodel.ActivationDataset(tmp_path / "acts")
+    batch = next(iter(data.loader(batch_tokens=len(data), shuffle=False)))
+    contexts = ids.reshape(-1, 8)
+    with torch.no_grad():
+        want = hf(input_ids=contexts, output_hidden_states=True, use_cache=False).hidden_states[2]
+    rows = want[batch["context"], batch["offset"]]
+    assert torch.equal(batch["token_ids"], contexts[batch["context"], batch["offset"]])
+    assert_close(batch["blocks.1.hook_resid_post"], rows, 1e-5, "stored blocks.1.hook_resid_post")
