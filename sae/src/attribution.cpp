@@ -158,18 +158,33 @@ class RowComputer {
   RowComputer(ReplacementPass pass, const std::vector<at::Tensor>& feature_layer_pos, const at::Tensor& scaled_decoders,
               std::vector<at::Tensor> errors, at::Tensor embed, int64_t n_features)
       : pass_(std::move(pass)), errors_(std::move(errors)), embed_(std::move(embed)), n_features_(n_features) {
-    // Group the active features by (layer, position): one product per group.
+    // Per layer, the active features' scaled decoder rows laid out by
+    // position, [T, d, slots] (zero-padded to the busiest position): one
+    // batched product per layer gives every feature's edge into n targets.
     const at::Tensor layers = feature_layer_pos[0], positions = feature_layer_pos[1];
-    const int64_t T = embed_.size(0);
-    groups_.resize(errors_.size() * T);
-    auto lp = at::stack({layers, positions}, 1).contiguous();
-    const int64_t* d = lp.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n_features_; ++i) groups_[d[2 * i] * T + d[2 * i + 1]].push_back(i);
-    for (auto& g : groups_) {
-      if (g.empty()) continue;
-      at::Tensor idx = at::tensor(g, at::kLong);
-      group_index_.push_back(idx);
-      group_decoders_.push_back(scaled_decoders.index_select(0, idx));
+    const int64_t T = embed_.size(0), L = static_cast<int64_t>(errors_.size());
+    const int64_t d = embed_.size(1);
+    const at::Tensor lp = at::stack({layers, positions}, 1).contiguous();
+    const int64_t* p = lp.data_ptr<int64_t>();
+    std::vector<std::vector<std::vector<int64_t>>> by(L, std::vector<std::vector<int64_t>>(T));
+    for (int64_t i = 0; i < n_features_; ++i) by[p[2 * i]][p[2 * i + 1]].push_back(i);
+    layers_.resize(L);
+    for (int64_t l = 0; l < L; ++l) {
+      size_t slots = 0;
+      for (const auto& at_t : by[l]) slots = std::max(slots, at_t.size());
+      if (slots == 0) continue;
+      LayerDecoders& ld = layers_[l];
+      std::vector<int64_t> columns, flat;
+      for (int64_t t = 0; t < T; ++t)
+        for (size_t k = 0; k < by[l][t].size(); ++k) {
+          columns.push_back(by[l][t][k]);
+          flat.push_back(t * static_cast<int64_t>(slots) + static_cast<int64_t>(k));
+        }
+      ld.columns = at::tensor(columns, at::kLong);
+      ld.flat = at::tensor(flat, at::kLong);
+      at::Tensor padded = at::zeros({T * static_cast<int64_t>(slots), d}, scaled_decoders.options());
+      padded.index_copy_(0, ld.flat, scaled_decoders.index_select(0, ld.columns));
+      ld.decoders = padded.view({T, static_cast<int64_t>(slots), d}).transpose(1, 2).contiguous();  // [T, d, slots]
     }
   }
 
@@ -194,15 +209,13 @@ class RowComputer {
     const auto grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
                                              /*allow_unused=*/true);
     at::Tensor out = at::zeros({n, n_features_ + L * T + T}, opts);
-    size_t group = 0;
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor& g = grads[l];
-      for (int64_t t = 0; t < T; ++t) {
-        if (groups_[l * T + t].empty()) continue;
-        const size_t k = group++;
-        if (!g.defined()) continue;
-        // [n, d] x [d, n_group]: the group's edges into each target.
-        out.index_copy_(1, group_index_[k], at::matmul(g.narrow(0, 0, n).select(1, t), group_decoders_[k].t()));
+      const LayerDecoders& ld = layers_[l];
+      if (g.defined() && ld.decoders.defined()) {
+        // [T, n, d] x [T, d, slots] -> [n, T * slots], then each feature's slot.
+        const at::Tensor e = at::bmm(g.narrow(0, 0, n).transpose(0, 1), ld.decoders).transpose(0, 1).reshape({n, -1});
+        out.index_copy_(1, ld.columns, e.index_select(1, ld.flat));
       }
       if (g.defined())
         out.narrow(1, n_features_ + l * T, T).copy_((g.narrow(0, 0, n) * errors_[l]).sum(-1));
@@ -217,8 +230,12 @@ class RowComputer {
   std::vector<at::Tensor> errors_;
   at::Tensor embed_;
   int64_t n_features_;
-  std::vector<std::vector<int64_t>> groups_;
-  std::vector<at::Tensor> group_index_, group_decoders_;
+  struct LayerDecoders {
+    at::Tensor decoders;  // [T, d, slots] or undefined (no active feature in the layer)
+    at::Tensor columns;   // the features' columns, in slot order
+    at::Tensor flat;      // their t * slots + slot
+  };
+  std::vector<LayerDecoders> layers_;
 };
 
 }  // namespace detail
