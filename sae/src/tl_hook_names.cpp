@@ -50,7 +50,7 @@ HookPointRef qkv_place(Module& model, const std::string& hook_name, const std::s
     return {attn + ".c_attn", false, false, which == 'q' ? 0 : which == 'k' ? 1 : 2, 3, heads};
   throw UnsupportedError("hook '" + hook_name + "': " + model.get_submodule(attn)->class_name() +
                          " has no separate " + std::string(1, which) +
-                         "_proj (a fused per-head projection, or latent attention), so flexmodel has no value for "
+                         "_proj (q, k and v come from one fused projection, or from latent attention), so flexmodel has no value for "
                          "TransformerLens's attn.hook_" + std::string(1, which) + "; hook its projections by module name");
 }
 
