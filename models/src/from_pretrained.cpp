@@ -1,3 +1,4 @@
+#include <flex/dispatch/block_prefetch.h>
 #include <flex/dispatch/checkpoint.h>
 #include <flex/dispatch/load_checkpoint.h>
 #include <flex/hooks/empty_init.h>
@@ -79,6 +80,9 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   d.skip_module = [](const std::string& name) { return is_hook_point_name(name); };
   load_checkpoint_and_dispatch(*model, ckpt.source(), d);
   if (!o.mmap) copy_into_memory(*model);
+  if (o.prefetch_depth < 0)
+    throw ConfigError("prefetch_depth must be 0 (off) or more, got " + std::to_string(o.prefetch_depth));
+  enable_block_prefetch(*model, o.prefetch_depth);
   model->eval();
   return model;
 }

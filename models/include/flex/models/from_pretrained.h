@@ -35,6 +35,10 @@ struct PretrainedOptions {
   /// Default: the architecture's block class (model->no_split_modules()).
   std::optional<std::vector<std::string>> no_split_module_classes;
   bool offload_buffers = false;
+  /// Offloaded blocks (device map cpu/disk entries) read ahead while the
+  /// previous block computes: the next `prefetch_depth` blocks (0: off).
+  /// Outputs are bit-equal either way (flex/dispatch/block_prefetch.h).
+  int prefetch_depth = 1;
   /// Quantize the dense layers while loading (8-bit or 4-bit, bitsandbytes'
   /// formats; the output head stays unless skip_modules says otherwise).
   /// Checkpoints saved quantized (config.json quantization_config) load
