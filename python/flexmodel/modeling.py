@@ -134,7 +134,7 @@ def _engine_module(module):
 
 
 def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,
-                    quantization_config=None, mmap=True, fast_activations=False):
+                    quantization_config=None, mmap=True, fast_activations=False, prefetch_depth=1):
     """Loads a Hugging Face model folder (config.json + safetensors / .bin, sharded or not).
 
     device_map: None (all on CPU), "auto" / "balanced" / "balanced_low_0" / "sequential",
@@ -145,6 +145,8 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     A GGUF file (path to a .gguf) keeps its quantized matrices in their blocks; fast_activations=True
     quantizes those layers' inputs to 8 bits per 32 values as llama.cpp does (faster decoding, error in
     docs/gguf.md; the CLI's --fast-activations).
+    prefetch_depth: offloaded blocks (cpu/disk entries of the map) read ahead by a reader thread while the
+    previous block computes (0: off; outputs are bit-equal either way; the CLI's --prefetch-depth).
     """
     path = os.fspath(path)
     strategy, explicit = None, None
@@ -154,5 +156,6 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
         strategy = str(device_name(device_map))  # "auto", "cpu", "disk", 0, torch.device("cuda:1")
     lm = _C.from_pretrained(path, strategy, explicit, max_memory_json(max_memory),
                             None if offload_folder is None else os.fspath(offload_folder),
-                            dtype_name(torch_dtype), quantization(quantization_config), mmap, fast_activations)
+                            dtype_name(torch_dtype), quantization(quantization_config), mmap, fast_activations,
+                            int(prefetch_depth))
     return PreTrainedModel(lm, path)

@@ -208,6 +208,7 @@ std::vector<Flag> loading_flags() {
       {"--device-map", "auto|sequential|FILE.json", "where modules run: a strategy or a hf_device_map JSON file"},
       {"--max-memory", "DEV=SIZE,...", "budgets for --device-map, e.g. 0=200MB,cpu=1GiB (implies --device-map auto)"},
       {"--offload-folder", "DIR", "folder for weights the map sends to disk"},
+      {"--prefetch-depth", "N", "offloaded blocks read ahead while the previous one computes (default 1; 0: off)"},
       {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
       {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
       {"--no-mmap", "", "copy the weights into memory instead of mapping the checkpoint (faster decoding)"},
@@ -237,6 +238,10 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
   if (o.fast_activations && !is_gguf_file(dir))
     throw UsageError("--fast-activations applies to GGUF files (their quantized layers); '" + dir + "' is not one");
   if (auto mm = args.get("--max-memory")) o.max_memory = parse_max_memory(*mm);
+  if (auto pf = args.get_int("--prefetch-depth")) {
+    if (*pf < 0 || *pf > 64) throw UsageError("option --prefetch-depth must be 0 (off) to 64, got " + std::to_string(*pf));
+    o.prefetch_depth = static_cast<int>(*pf);
+  }
   if (auto off = args.get("--offload-folder")) {
     require_writable_dir(*off);
     o.offload_folder = *off;
@@ -297,7 +302,7 @@ Ranks parallel_setup(const Args& args) {
 }
 
 std::shared_ptr<ParallelCausalLM> load_parallel_model(const std::string& dir, const Args& args, const DeviceMesh& mesh) {
-  for (const char* f : {"--device-map", "--max-memory", "--offload-folder"})
+  for (const char* f : {"--device-map", "--max-memory", "--offload-folder", "--prefetch-depth"})
     if (args.has(f))
       throw UsageError(std::string("option ") + f +
                        " cannot be combined with --tp/--pp/--dp: each rank keeps its slices of the model in memory");
