@@ -37,8 +37,18 @@ const std::map<std::string, std::string>& llama_block_names() {
   return m;
 }
 
+// Phi-3's fused projections: llama.cpp keeps Transformers' fused tensors
+// (qkv rows q | k | v, gate_up rows gate | up) under these names.
+const std::map<std::string, std::string>& phi3_block_names() {
+  static const std::map<std::string, std::string> m = {
+      {"attn_qkv", "self_attn.qkv_proj"},
+      {"ffn_up", "mlp.gate_up_proj"},
+  };
+  return m;
+}
+
 // "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; "" when unknown.
-std::string llama_name(const std::string& g) {
+std::string llama_name(const std::string& g, const std::string& arch) {
   if (g == "token_embd.weight") return "model.embed_tokens.weight";
   if (g == "output_norm.weight") return "model.norm.weight";
   if (g == "output.weight") return "lm_head.weight";
@@ -51,6 +61,11 @@ std::string llama_name(const std::string& g) {
   if (last <= dot) return "";
   const std::string part = g.substr(dot + 1, last - dot - 1), suffix = g.substr(last);  // ".weight" / ".bias"
   if (suffix != ".weight" && suffix != ".bias") return "";
+  if (arch == "phi3") {
+    if (auto p = phi3_block_names().find(part); p != phi3_block_names().end())
+      return "model.layers." + layer + "." + p->second + suffix;
+    if (part == "attn_q" || part == "attn_k" || part == "attn_v" || part == "ffn_gate") return "";
+  }
   auto it = llama_block_names().find(part);
   if (it == llama_block_names().end()) return "";
   return "model.layers." + layer + "." + it->second + suffix;
@@ -88,6 +103,7 @@ const GgufArch* gguf_arch(const std::string& arch) {
       {"llama", {"llama", "LlamaForCausalLM", true}},
       {"qwen2", {"qwen2", "Qwen2ForCausalLM", false}},
       {"qwen3", {"qwen3", "Qwen3ForCausalLM", false}},  // Qwen2's layout with q/k norms (NEOX rope: no permutation)
+      {"phi3", {"phi3", "Phi3ForCausalLM", false}},     // fused qkv / gate_up, NEOX rope
   };
   auto it = m.find(arch);
   return it == m.end() ? nullptr : &it->second;
@@ -109,7 +125,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   const GgufArch* a = gguf_arch(arch);
   if (!a)
     throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
-                           "'; flexmodel reads GGUF models of architecture 'llama' (Llama, Mistral), 'qwen2' and 'qwen3' so far");
+                           "'; flexmodel reads GGUF models of architecture 'llama' (Llama, Mistral), 'qwen2', 'qwen3' and 'phi3' so far");
   const std::string p = arch + ".";
   nlohmann::json c;
   c["model_type"] = a->model_type;
@@ -124,7 +140,8 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   c["max_position_embeddings"] = f.get_int(p + "context_length");
   c["rms_norm_eps"] = f.get_double(p + "attention.layer_norm_rms_epsilon");
   c["rope_theta"] = f.has(p + "rope.freq_base") ? f.get_double(p + "rope.freq_base") : 10000.0;
-  if (heads > 0) c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
+  if (heads > 0 && arch != "phi3")  // Phi-3's config has no head_dim (hidden / heads)
+    c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
   if (f.has(p + "rope.scaling.type")) {
     const std::string kind = f.get_string(p + "rope.scaling.type");
     if (kind == "linear") {
@@ -143,6 +160,8 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   }
   c["tie_word_embeddings"] = !f.contains("output.weight");
   if (arch == "qwen3") c["attention_bias"] = f.contains("blk.0.attn_q.bias");
+  if (arch == "phi3" && f.has(p + "attention.sliding_window"))
+    c["sliding_window"] = f.get_int(p + "attention.sliding_window");
   if (arch == "llama") {  // Qwen2's q/k/v biases are part of its architecture
     c["attention_bias"] = f.contains("blk.0.attn_q.bias");
     c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
@@ -160,7 +179,8 @@ namespace {
 struct GgufTensorPlan {
   int64_t heads, kv_heads;
   bool permuted;
-  explicit GgufTensorPlan(const GgufFile& f) {
+  std::string arch;
+  explicit GgufTensorPlan(const GgufFile& f) : arch(f.get_string("general.architecture")) {
     const nlohmann::json c = gguf_config_json(f);
     heads = c["num_attention_heads"];
     kv_heads = c["num_key_value_heads"];
@@ -168,7 +188,7 @@ struct GgufTensorPlan {
   }
   // Transformers' name of GGUF tensor g; UnsupportedError when it has none.
   std::string name(const GgufFile& f, const std::string& g) const {
-    const std::string n = llama_name(g);
+    const std::string n = llama_name(g, arch);
     if (n.empty())
       throw UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
                              "' has no counterpart in the Transformers model that flexmodel knows");

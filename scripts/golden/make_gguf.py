@@ -29,6 +29,9 @@ them as the reference the C++ reader is checked against:
   qwen3-tiny-q8_0.gguf       a random Qwen3 (per-head q/k norms, head_dim 32
                              beside hidden 64) as llama.cpp writes arch qwen3,
     .logits.safetensors      Q8_0, and Transformers' logits on gguf-py's weights
+  phi3-tiny-q8_0.gguf        a random Phi-3 (fused qkv_proj / gate_up_proj, kept
+                             fused by llama.cpp as attn_qkv / ffn_up), Q8_0,
+    .logits.safetensors      and Transformers' logits on gguf-py's weights
   llama-mixed.gguf           one Llama block (hidden 256) whose matrices are
                              random blocks of Q4_K, Q4_0, Q5_K, Q6_K, Q4_1,
                              Q5_1, Q5_0 and a Q8_0 head (the quantized kernels)
@@ -279,7 +282,8 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
     per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+                 "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # llama.cpp writes no output tensor for tied embeddings
@@ -398,6 +402,29 @@ def write_qwen3_tiny():
     save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen3-tiny-q8_0.logits.safetensors"))
 
 
+def write_phi3_tiny():
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(56)
+    cfg = Phi3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "phi3-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="phi3")
+    assert any(k.endswith("qkv_proj.weight") for k in back)
+    q = Phi3ForCausalLM(cfg).eval()
+    q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    with torch.no_grad():
+        logits = q(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "phi3-tiny-q8_0.logits.safetensors"))
+
+
 def write_llama_mixed(rng):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -508,6 +535,7 @@ def main():
     write_qwen2_tiny()
     write_llama_mixed(np.random.default_rng(54))
     write_qwen3_tiny()
+    write_phi3_tiny()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

@@ -139,6 +139,22 @@ TEST(GgufModel, Qwen3LogitsEqualTransformers) {
   EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
 }
 
+// Phi-3 (arch phi3: fused attn_qkv / ffn_up as Transformers' qkv_proj / gate_up_proj; no head_dim in its config).
+TEST(GgufModel, Phi3LogitsEqualTransformers) {
+  const std::string path = data_path("gguf/phi3-tiny-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  const nlohmann::json c = flex::gguf_config_json(*f);
+  EXPECT_EQ(c.at("model_type"), "phi3");
+  EXPECT_FALSE(c.contains("head_dim"));
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/phi3-tiny-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  EXPECT_EQ(m->class_name(), "Phi3ForCausalLM");
+  m->get_submodule("model.layers.0.self_attn.qkv_proj");  // present (NotFoundError otherwise)
+  m->get_submodule("model.layers.1.mlp.gate_up_proj");
+  EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());
