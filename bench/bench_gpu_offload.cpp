@@ -8,6 +8,12 @@
 // logits). With --capture N each timed run is paired with one through a
 // FlexModel capturing model.layers.{0..N-1}.mlp (captures checked to arrive
 // on the CPU, one per step and module). One JSON line per run on stdout.
+// Measured in the same run, before loading: the host-to-device bandwidth from
+// pinned memory (CUDA) and the read rate of the files the disk blocks come
+// from (cold after dropping their cached pages, and warm); each run reports
+// its decode as a fraction of the transfer bound those give
+// (decode_of_bound), and the block prefetcher's statistics
+// (prefetch_applied: blocks were read ahead).
 //
 //   bench_gpu_offload --model DIR --device-map MAP.json [--config NAME]
 //       [--offload-folder DIR] [--prompt-len 512] [--new-tokens 64]
@@ -18,6 +24,7 @@
 // Works without CUDA too (everything then runs on the CPU; no GPU syncs).
 #include "bench_util.h"
 
+#include <flex/dispatch/block_prefetch.h>
 #include <flex/dispatch/device_map.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/models/from_pretrained.h>
@@ -26,36 +33,17 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <map>
 #include <optional>
-#include <type_traits>
 #include <utility>
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// PretrainedOptions::prefetch_depth (0: off; 1: the next offloaded block is
-// copied on a side stream while the current one runs) is being added to the
-// library; until it exists this file still builds and reports that the
-// setting was not applied.
-template <typename T, typename = void>
-struct HasPrefetchDepth : std::false_type {};
-template <typename T>
-struct HasPrefetchDepth<T, std::void_t<decltype(std::declval<T&>().prefetch_depth)>> : std::true_type {};
-
-template <typename T>
-bool set_prefetch_depth(T& options, int depth) {
-  if constexpr (HasPrefetchDepth<T>::value) {
-    options.prefetch_depth = depth;
-    return true;
-  } else {
-    (void)options;
-    (void)depth;
-    return false;
-  }
-}
 
 struct Args {
   std::string model, device_map, offload_folder, config = "unnamed", dtype = "bfloat16";
@@ -199,6 +187,72 @@ CaptureCheck check_captures(const flex::OutputMap& out, const std::vector<std::s
   return c;
 }
 
+// Host-to-device bandwidth from pinned memory (GB/s): 256 MiB copied with
+// non_blocking 8 times, timed around a stream synchronisation. 0 on the CPU.
+double pinned_h2d_gb_s(const c10::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const int64_t bytes = int64_t(256) << 20;
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  host.fill_(1);
+  at::Tensor dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  dev.copy_(host, /*non_blocking=*/true);  // warm-up
+  sync_device(dev);
+  const int reps = 8;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) dev.copy_(host, /*non_blocking=*/true);
+  sync_device(dev);
+  return static_cast<double>(bytes) * reps / seconds_since(t0, Clock::now()) / 1e9;
+}
+
+struct DiskRate {
+  double cold_gb_s = 0, warm_gb_s = 0;
+  int64_t bytes = 0;
+  int files = 0;
+};
+
+// Read rate of the files the disk blocks come from (the offload folder's
+// .dat files when it has them, else the checkpoint's .safetensors), in 16 MiB
+// reads, up to 2 GiB: once after asking the kernel to drop the files' cached
+// pages (cold: the device's rate where the drop succeeded) and once more
+// (warm: the page cache, which is what repeated decode steps read).
+DiskRate disk_read_rate(const std::string& model_dir, const std::string& offload_folder) {
+  std::vector<fs::path> files;
+  auto collect = [&](const std::string& dir, const std::string& ext) {
+    std::error_code ec;
+    if (dir.empty() || !fs::is_directory(dir, ec)) return;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.is_regular_file() && e.path().extension() == ext) files.push_back(e.path());
+  };
+  collect(offload_folder, ".dat");
+  if (files.empty()) collect(model_dir, ".safetensors");
+  std::sort(files.begin(), files.end());
+  const int64_t cap = int64_t(2) << 30;
+  std::vector<char> buf(size_t(16) << 20);
+  auto pass = [&](bool drop) {
+    int64_t total = 0;
+    const auto t0 = Clock::now();
+    for (const auto& f : files) {
+      if (total >= cap) break;
+      const int fd = ::open(f.c_str(), O_RDONLY);
+      if (fd < 0) continue;
+      if (drop) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advice: may leave pages cached
+      ssize_t n;
+      while (total < cap && (n = ::read(fd, buf.data(), buf.size())) > 0) total += n;
+      ::close(fd);
+    }
+    return std::make_pair(total, seconds_since(t0, Clock::now()));
+  };
+  DiskRate r;
+  r.files = static_cast<int>(files.size());
+  if (files.empty()) return r;
+  const auto cold = pass(true);
+  const auto warm = pass(false);
+  r.bytes = cold.first;
+  if (cold.second > 0) r.cold_gb_s = static_cast<double>(cold.first) / cold.second / 1e9;
+  if (warm.second > 0) r.warm_gb_s = static_cast<double>(warm.first) / warm.second / 1e9;
+  return r;
+}
+
 int write_tiny_llama(const std::string& dir) {
   const std::string config =
       "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 256, "
@@ -234,25 +288,23 @@ static int run_bench(const Args& a) {
   o.device_map = map;
   o.torch_dtype = a.dtype;
   if (!a.offload_folder.empty()) o.offload_folder = a.offload_folder;
-  bool prefetch_applied = false;
-  if (a.prefetch >= 0) {
-    prefetch_applied = set_prefetch_depth(o, a.prefetch);
-    if (!prefetch_applied)
-      std::fprintf(stderr, "bench_gpu_offload: this build has no PretrainedOptions::prefetch_depth; "
-                           "--prefetch-depth %d is ignored\n", a.prefetch);
-  }
-  auto t_load = Clock::now();
-  std::shared_ptr<flex::CausalLM> model = flex::from_pretrained(a.model, o);
-  const double load_s = seconds_since(t_load, Clock::now());
-  const flex::ModelConfig& cfg = model->config();
-
-  // Where the inputs go: the map's first GPU (Transformers' model.device), else the CPU.
-  c10::Device device(at::kCPU);
+  if (a.prefetch >= 0) o.prefetch_depth = a.prefetch;
+  // The bounds, measured in this run before the model maps its files.
+  c10::Device device(at::kCPU);  // where inputs go: the map's first GPU (Transformers' model.device), else the CPU
   for (const auto& d : map.devices())
     if (d.is_gpu()) {
       device = d.torch_device();
       break;
     }
+  const double h2d_gb_s = pinned_h2d_gb_s(device);
+  const DiskRate disk = disk_read_rate(a.model, a.offload_folder);
+  std::fprintf(stderr, "bench_gpu_offload: pinned host-to-device %.2f GB/s; disk read %.2f GB/s cold, %.2f GB/s warm "
+                       "(%d files, %.0f MB)\n", h2d_gb_s, disk.cold_gb_s, disk.warm_gb_s, disk.files, disk.bytes / 1e6);
+  auto t_load = Clock::now();
+  std::shared_ptr<flex::CausalLM> model = flex::from_pretrained(a.model, o);
+  const double load_s = seconds_since(t_load, Clock::now());
+  const flex::ModelConfig& cfg = model->config();
+
   // Blocks (the architecture's no-split classes) per device kind.
   std::map<std::string, int> counts{{"gpu", 0}, {"cpu", 0}, {"disk", 0}};
   const auto block_classes = model->no_split_modules();
@@ -263,6 +315,26 @@ static int run_bench(const Args& a) {
       const auto d = map.device_of(name);
       counts[!d ? "cpu" : d->is_gpu() ? "gpu" : d->is_disk() ? "disk" : "cpu"] += 1;
     }
+
+  // Bytes each decode step brings in: weights of blocks mapped to the CPU
+  // (moved to the GPU every step when it runs on one) and to disk.
+  int64_t cpu_bytes = 0, disk_bytes = 0;
+  for (const auto& item : model->named_parameters()) {
+    const at::Tensor& p = item.value();
+    const auto d = map.device_of(item.key());
+    const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
+    if (d && d->is_disk()) disk_bytes += b;
+    else if (d && d->is_cpu() && device.is_cuda()) cpu_bytes += b;
+  }
+  // The step's transfer bound: PCIe for everything offloaded (CUDA), the
+  // disk (warm: page cache; cold: the device) for the disk part, overlapped.
+  auto bound = [&](double disk_gb_s) {
+    const double t_pcie = h2d_gb_s > 0 ? static_cast<double>(cpu_bytes + disk_bytes) / (h2d_gb_s * 1e9) : 0;
+    const double t_disk = disk_gb_s > 0 ? static_cast<double>(disk_bytes) / (disk_gb_s * 1e9) : 0;
+    const double t = std::max(t_pcie, t_disk);
+    return t > 0 ? 1.0 / t : 0.0;
+  };
+  const double bound_warm = bound(disk.warm_gb_s), bound_cold = bound(disk.cold_gb_s);
 
   const at::Tensor ids = prompt_ids(a.prompt_len, cfg.vocab_size).to(device);
   const flex::LogitsFn plain = [&](const flex::LMInputs& in) { return model->run(in).logits; };
@@ -287,7 +359,12 @@ static int run_bench(const Args& a) {
   base["impl"] = "flexmodel";
   base["config"] = a.config;
   base["prefetch"] = a.prefetch >= 0 ? nlohmann::json(a.prefetch) : nlohmann::json("default");
-  base["prefetch_applied"] = prefetch_applied;
+  base["h2d_pinned_gb_s"] = h2d_gb_s;
+  base["disk_read_cold_gb_s"] = disk.cold_gb_s;
+  base["disk_read_warm_gb_s"] = disk.warm_gb_s;
+  base["offloaded_mb_per_token"] = {{"cpu", cpu_bytes / 1e6}, {"disk", disk_bytes / 1e6}};
+  base["bound_tok_s"] = bound_warm;
+  base["bound_tok_s_cold_disk"] = bound_cold;
   base["prompt_len"] = a.prompt_len;
   base["new_tokens"] = a.new_tokens;
   base["dtype"] = a.dtype;
@@ -313,6 +390,17 @@ static int run_bench(const Args& a) {
     j["run"] = run;
     j["prompt_ms"] = r.prompt_ms;
     j["decode_tok_s"] = r.decode_tok_s;
+    if (bound_warm > 0) j["decode_of_bound"] = r.decode_tok_s / bound_warm;
+    if (bound_cold > 0) j["decode_of_bound_cold_disk"] = r.decode_tok_s / bound_cold;
+    // Whether the read-ahead ran, and what it did so far (cumulative over the runs).
+    const auto ps = flex::block_prefetch_stats(*model);
+    j["prefetch_applied"] = ps.has_value() && ps->blocks_prefetched > 0;
+    if (ps)
+      j["prefetch_stats"] = {{"depth", ps->depth},         {"blocks", ps->blocks},
+                             {"blocks_prefetched", ps->blocks_prefetched},
+                             {"mb_prefetched", ps->bytes_prefetched / 1e6},
+                             {"read_s", ps->read_seconds}, {"hits", ps->hits},
+                             {"misses", ps->misses},       {"waits", ps->waits}};
     j["total_s"] = r.total_s;
     j["generated"] = r.generated;
     j["tokens_head"] = std::vector<int64_t>(r.tokens.begin(), r.tokens.begin() + std::min<size_t>(8, r.tokens.size()));
