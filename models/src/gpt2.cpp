@@ -3,6 +3,7 @@
 
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/frozen_replacement.h>
 #include <flex/models/gpt2.h>
 
 #include <ATen/ATen.h>
@@ -39,6 +40,14 @@ Value GPT2Attention::forward(Inputs inputs) {
   const at::Tensor& x = call.hidden;
   const int64_t b = x.size(0), t = x.size(1), c = cfg_.hidden_size, h = cfg_.num_attention_heads, d = cfg_.head_dim;
   auto qkv = (*c_attn)(x).split(c, 2);
+  if (nonlinearities_frozen() && qkv[2].requires_grad() && !c_attn->weight_format()) {
+    // The frozen replacement (flex/hooks/frozen_replacement.h): the pattern
+    // is a constant, so only v carries a gradient. Through its own third of
+    // the weight (x - x is exactly zero: the values stay c_attn's), the
+    // backward does not multiply q's and k's zero gradients by all of it.
+    const at::Tensor v_path = at::matmul(x - x.detach(), c_attn->weight.narrow(1, 2 * c, c));
+    qkv = {qkv[0].detach(), qkv[1].detach(), qkv[2].detach() + v_path};
+  }
   auto heads = [&](const at::Tensor& y) { return y.view({b, t, h, d}).permute({0, 2, 1, 3}); };
   at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   if (call.cache) std::tie(k, v) = call.cache->update(layer_idx_, k, v);
