@@ -153,6 +153,10 @@ def main():
                 "accelerate": accelerate.__version__}
     log("versions", versions)
     cuda = torch.cuda.is_available()
+    if not cuda and any(isinstance(k, int) for k in max_memory):
+        # No GPU (a smoke run on a CPU machine): Transformers refuses GPU budgets; everything goes to the CPU.
+        max_memory = {k: v for k, v in max_memory.items() if not isinstance(k, int)}
+        log("no CUDA device: GPU budgets dropped, max_memory", max_memory)
     if a.offload_folder:
         os.makedirs(a.offload_folder, exist_ok=True)
 
@@ -182,7 +186,14 @@ def main():
 
     hf_map = getattr(model, "hf_device_map", None)
     if not hf_map:
-        sys.exit("bench_accelerate: the model has no hf_device_map")
+        # Transformers 5 dispatches (and records hf_device_map) only for a map with several devices or disk;
+        # a model wholly on one device (the gpu-only config) has none: its map is that one device.
+        devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+        if len(devices) != 1:
+            sys.exit(f"bench_accelerate: no hf_device_map and parameters on several devices: {sorted(map(str, devices))}")
+        only = devices.pop()
+        hf_map = {"": only.index if only.type == "cuda" and only.index is not None else str(only)}
+        log("no hf_device_map (one device); using", hf_map)
     device_map = {k: json_device(v) for k, v in hf_map.items()}
     tmp = a.map_out + ".tmp"
     with open(tmp, "w") as f:
