@@ -47,6 +47,16 @@ const std::map<std::string, std::string>& phi3_block_names() {
   return m;
 }
 
+// Gemma 2's four norms per block (its ffn_norm is the pre-feedforward one).
+const std::map<std::string, std::string>& gemma2_block_names() {
+  static const std::map<std::string, std::string> m = {
+      {"post_attention_norm", "post_attention_layernorm"},
+      {"ffn_norm", "pre_feedforward_layernorm"},
+      {"post_ffw_norm", "post_feedforward_layernorm"},
+  };
+  return m;
+}
+
 // "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; "" when unknown.
 std::string llama_name(const std::string& g, const std::string& arch) {
   if (g == "token_embd.weight") return "model.embed_tokens.weight";
@@ -61,6 +71,9 @@ std::string llama_name(const std::string& g, const std::string& arch) {
   if (last <= dot) return "";
   const std::string part = g.substr(dot + 1, last - dot - 1), suffix = g.substr(last);  // ".weight" / ".bias"
   if (suffix != ".weight" && suffix != ".bias") return "";
+  if (arch == "gemma2")
+    if (auto p = gemma2_block_names().find(part); p != gemma2_block_names().end())
+      return "model.layers." + layer + "." + p->second + suffix;
   if (arch == "phi3") {
     if (auto p = phi3_block_names().find(part); p != phi3_block_names().end())
       return "model.layers." + layer + "." + p->second + suffix;
@@ -96,6 +109,7 @@ struct GgufArch {
   const char* model_type;
   const char* causal_lm_class;
   bool permuted_qk;
+  bool norms_plus_one = false;  // Gemma: the converter stored 1 + w for every RMSNorm weight (scaled by (1 + w))
 };
 
 const GgufArch* gguf_arch(const std::string& arch) {
@@ -104,6 +118,7 @@ const GgufArch* gguf_arch(const std::string& arch) {
       {"qwen2", {"qwen2", "Qwen2ForCausalLM", false}},
       {"qwen3", {"qwen3", "Qwen3ForCausalLM", false}},  // Qwen2's layout with q/k norms (NEOX rope: no permutation)
       {"phi3", {"phi3", "Phi3ForCausalLM", false}},     // fused qkv / gate_up, NEOX rope
+      {"gemma2", {"gemma2", "Gemma2ForCausalLM", false, true}},
   };
   auto it = m.find(arch);
   return it == m.end() ? nullptr : &it->second;
@@ -125,7 +140,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
   const GgufArch* a = gguf_arch(arch);
   if (!a)
     throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
-                           "'; flexmodel reads GGUF models of architecture 'llama' (Llama, Mistral), 'qwen2', 'qwen3' and 'phi3' so far");
+                           "'; flexmodel reads GGUF models of architecture 'llama' (Llama, Mistral), 'qwen2', 'qwen3', 'phi3' and 'gemma2' so far");
   const std::string p = arch + ".";
   nlohmann::json c;
   c["model_type"] = a->model_type;
@@ -167,6 +182,15 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
     c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
   }
   c["hidden_act"] = "silu";
+  if (arch == "gemma2") {
+    c["hidden_act"] = c["hidden_activation"] = "gelu_pytorch_tanh";
+    const int64_t head_dim = c.value("head_dim", int64_t{256});
+    // Not in the file: llama.cpp scales queries by 1/sqrt(head_dim), or for the 46-layer 27B by 1/sqrt(hidden / heads).
+    c["query_pre_attn_scalar"] = c["num_hidden_layers"] == 46 && heads > 0 ? hidden / heads : head_dim;
+    c["attn_logit_softcapping"] = f.get_double(p + "attn_logit_softcapping");
+    c["final_logit_softcapping"] = f.get_double(p + "final_logit_softcapping");
+    c["sliding_window"] = f.get_int(p + "attention.sliding_window");
+  }
   c["torch_dtype"] = "float32";
   if (f.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
@@ -178,13 +202,14 @@ namespace {
 // How a model's tensors come out of the file: names, and the q/k rows to un-permute.
 struct GgufTensorPlan {
   int64_t heads, kv_heads;
-  bool permuted;
+  bool permuted, norms_plus_one;
   std::string arch;
   explicit GgufTensorPlan(const GgufFile& f) : arch(f.get_string("general.architecture")) {
     const nlohmann::json c = gguf_config_json(f);
     heads = c["num_attention_heads"];
     kv_heads = c["num_key_value_heads"];
-    permuted = gguf_arch(f.get_string("general.architecture"))->permuted_qk;
+    permuted = gguf_arch(arch)->permuted_qk;
+    norms_plus_one = gguf_arch(arch)->norms_plus_one;
   }
   // Transformers' name of GGUF tensor g; UnsupportedError when it has none.
   std::string name(const GgufFile& f, const std::string& g) const {
@@ -193,6 +218,12 @@ struct GgufTensorPlan {
       throw UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
                              "' has no counterpart in the Transformers model that flexmodel knows");
     return n;
+  }
+  // A dequantized tensor as Transformers holds it: Gemma's norms back from 1 + w.
+  at::Tensor float_tensor(const GgufFile& f, const std::string& g, const std::string& n) const {
+    at::Tensor t = rows_in_order(f, g, n, f.dequantize(g));
+    if (norms_plus_one && n.size() > 11 && n.compare(n.size() - 11, 11, "norm.weight") == 0) t = t - 1.0;
+    return t;
   }
   // t (float, or the stored bytes as [rows, row bytes]) in Transformers' row order.
   at::Tensor rows_in_order(const GgufFile& f, const std::string& g, const std::string& n, at::Tensor t) const {
@@ -209,7 +240,7 @@ std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& 
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& g : f.tensor_names()) {
     const std::string name = plan.name(f, g);
-    out.emplace_back(name, plan.rows_in_order(f, g, name, f.dequantize(g)));
+    out.emplace_back(name, plan.float_tensor(f, g, name));
   }
   return out;
 }
@@ -252,7 +283,7 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
       tensors.emplace(name, plan.rows_in_order(*f, g, name, raw));
       quantized.emplace(name, info.type);
     } else {
-      tensors.emplace(name, plan.rows_in_order(*f, g, name, f->dequantize(g)));
+      tensors.emplace(name, plan.float_tensor(*f, g, name));
     }
   }
   const GgmlActivations activations = o.fast_activations ? GgmlActivations::Q8 : GgmlActivations::Float;

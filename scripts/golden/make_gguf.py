@@ -32,6 +32,9 @@ them as the reference the C++ reader is checked against:
   phi3-tiny-q8_0.gguf        a random Phi-3 (fused qkv_proj / gate_up_proj, kept
                              fused by llama.cpp as attn_qkv / ffn_up), Q8_0,
     .logits.safetensors      and Transformers' logits on gguf-py's weights
+  gemma2-tiny-q8_0.gguf      a random Gemma 2 (sandwich norms stored as 1 + w, as
+                             llama.cpp's converter stores them; softcaps, window 4),
+    .logits.safetensors      Q8_0, and Transformers' logits on gguf-py's weights
   llama-mixed.gguf           one Llama block (hidden 256) whose matrices are
                              random blocks of Q4_K, Q4_0, Q5_K, Q6_K, Q4_1,
                              Q5_1, Q5_0 and a Q8_0 head (the quantized kernels)
@@ -267,9 +270,13 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     if arch in ("qwen2", "qwen3"):
         w.add_vocab_size(cfg.vocab_size)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma2"):
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    if arch == "gemma2":  # what llama.cpp's Gemma2Model writes
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_float32(f"{arch}.attn_logit_softcapping", cfg.attn_logit_softcapping)
+        w.add_float32(f"{arch}.final_logit_softcapping", cfg.final_logit_softcapping)
     w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
@@ -284,6 +291,9 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
                  "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                  "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
                  "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones
+    if arch == "gemma2":
+        per_layer.update({"post_attention_layernorm": "post_attention_norm",
+                          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"})
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # llama.cpp writes no output tensor for tied embeddings
@@ -301,6 +311,9 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
         else:
             gname = names[parts[1]] + ".weight"
         x = np.ascontiguousarray(x)
+        gemma_norm = arch == "gemma2" and name.endswith("norm.weight")
+        if gemma_norm:  # llama.cpp's Gemma converters store 1 + w (its RMSNorm multiplies by w)
+            x = (x + np.float32(1.0)).astype(np.float32)
         if quantize and x.ndim == 2 and x.shape[1] % 32 == 0:
             q = gguf.quants.quantize(x, T.Q8_0)
             w.add_tensor(gname, q, raw_dtype=T.Q8_0)
@@ -312,6 +325,8 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
             heads = cfg.num_attention_heads if sub == "self_attn.q_proj" else cfg.num_key_value_heads
             assert np.array_equal(gguf_to_hf_permute(x, heads), t.float().numpy())
             d = gguf_to_hf_permute(d, heads)
+        if gemma_norm:
+            d = (d - np.float32(1.0)).astype(np.float32)
         back[name] = np.ascontiguousarray(d)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -425,6 +440,31 @@ def write_phi3_tiny():
     save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "phi3-tiny-q8_0.logits.safetensors"))
 
 
+def write_gemma2_tiny():
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(57)
+    cfg = Gemma2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=64,
+                       rms_norm_eps=1e-6, sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "gemma2-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="gemma2")
+    q = Gemma2ForCausalLM(cfg).eval()
+    missing, unexpected = q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    q.tie_weights()
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])  # longer than the window of 4
+    with torch.no_grad():
+        logits = q(ids).logits.float()
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "gemma2-tiny-q8_0.logits.safetensors"))
+
+
 def write_llama_mixed(rng):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -536,6 +576,7 @@ def main():
     write_llama_mixed(np.random.default_rng(54))
     write_qwen3_tiny()
     write_phi3_tiny()
+    write_gemma2_tiny()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

@@ -155,6 +155,24 @@ TEST(GgufModel, Phi3LogitsEqualTransformers) {
   EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
 }
 
+// Gemma 2 (arch gemma2: norms stored as 1 + w, four norms per block, softcaps and the window from the
+// metadata, query_pre_attn_scalar = head_dim as llama.cpp assumes; tied embeddings).
+TEST(GgufModel, Gemma2LogitsEqualTransformers) {
+  const std::string path = data_path("gguf/gemma2-tiny-q8_0.gguf");
+  auto f = flex::GgufFile::open(path);
+  const nlohmann::json c = flex::gguf_config_json(*f);
+  EXPECT_EQ(c.at("model_type"), "gemma2");
+  EXPECT_EQ(c.at("sliding_window"), 4);
+  EXPECT_EQ(c.at("query_pre_attn_scalar"), 32);
+  EXPECT_EQ(c.at("final_logit_softcapping").get<double>(), 30.0);
+  auto ref = flex::SafetensorsFile::open(data_path("gguf/gemma2-tiny-q8_0.logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  EXPECT_EQ(m->class_name(), "Gemma2ForCausalLM");
+  m->get_submodule("model.layers.1.post_feedforward_layernorm");  // present (NotFoundError otherwise)
+  EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids")), ref->get("logits"), 0, 1e-5));
+}
+
 TEST(GgufModel, Errors) {
   flex_test::TempDir dir;
   std::string b = flex::read_file(gguf_path());
