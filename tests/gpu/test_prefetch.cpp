@@ -63,7 +63,10 @@ TEST_P(PrefetchOnGpu, DepthsBitEqualOverCpuAndDiskBlocks) {
   for (int depth : {1, 2}) {
     SCOPED_TRACE(name + " prefetch depth " + std::to_string(depth));
     const Result r = run(dir, map, off.str(), depth, hooked);
-    if (!r.stats) continue;  // fewer than two offloaded blocks in this map: nothing to read ahead
+    // On cuda the map's CPU and disk blocks are both offloaded (two or more blocks to read ahead); the
+    // CPU dry run offloads only the disk ones, too few for a prefetcher.
+    if (gpu_test::dry_run() && !r.stats) continue;
+    ASSERT_TRUE(r.stats.has_value()) << map.to_json();
     std::printf("%-8s prefetch %d: %lld blocks read ahead, %lld hits, %lld misses, %lld waits\n", name.c_str(), depth,
                 static_cast<long long>(r.stats->blocks_prefetched), static_cast<long long>(r.stats->hits),
                 static_cast<long long>(r.stats->misses), static_cast<long long>(r.stats->waits));
