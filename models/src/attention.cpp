@@ -69,8 +69,27 @@ at::Tensor attention_probabilities(const at::Tensor& q_in, const at::Tensor& k, 
   return probs.to(out_dtype);
 }
 
+// The frozen replacement over replicated batch rows (frozen_batch_replicas):
+// the pattern of row 0, [1, H, T, S], applied to every row's values at once
+// (the rows folded into the value's last dim: one product per head, and the
+// backward keeps the one pattern, not B copies).
+at::Tensor replicated_pattern_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& allowed, const AttendOptions& o, Module& hook_attn_probs) {
+  const int64_t b = v.size(0), h = v.size(1), s = v.size(2), d = v.size(3);
+  const at::Tensor row_mask = allowed.defined() && allowed.size(0) > 1 ? allowed.narrow(0, 0, 1) : allowed;
+  const at::Tensor probs =
+      hook_attn_probs(attention_probabilities(q.narrow(0, 0, 1), k.narrow(0, 0, 1), row_mask, o, v.scalar_type()));
+  const at::Tensor folded = v.permute({1, 2, 0, 3}).reshape({h, s, b * d});  // [H, S, B*D]
+  const int64_t t = probs.size(2);
+  return at::matmul(probs[0], folded).view({h, t, b, d}).permute({2, 0, 1, 3});
+}
+
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
                            const AttendOptions& o, Module& hook_attn_probs) {
+  const bool dropout_on = o.dropout_module ? o.dropout_module->is_training() && o.dropout_module->p > 0
+                                           : o.training && o.dropout_p > 0;
+  if (frozen_batch_replicas() && v.size(0) > 1 && !dropout_on)
+    return replicated_pattern_attention(q, k, v, allowed, o, hook_attn_probs);
   at::Tensor probs = hook_attn_probs(attention_probabilities(q, k, allowed, o, v.scalar_type()));
   if (o.dropout_module)
     probs = (*o.dropout_module)(probs);

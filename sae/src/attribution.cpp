@@ -107,7 +107,7 @@ struct ReplacementPass {
 ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<TranscoderWeights>& tw,
                                  const at::Tensor& ids, int64_t batch) {
   at::AutoGradMode grad(true);
-  FreezeNonlinearities frozen;
+  FreezeNonlinearities frozen(/*batch_replicas=*/true);  // every row is the prompt: one pattern per layer
   ReplacementPass r;
   const size_t n = p.mlps.size();
   r.x.resize(n);

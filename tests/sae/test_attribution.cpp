@@ -12,6 +12,7 @@
 //   - the batch size and max_feature_nodes change nothing in the rows;
 //   - typed errors for transcoders that do not fit, long prompts, options.
 #include <flex/hooks/errors.h>
+#include <flex/hooks/frozen_replacement.h>
 #include <flex/models/auto_model.h>
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
@@ -177,6 +178,37 @@ void check_against_reference(const std::string& name) {
 
 TEST(Attribution, Gpt2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2"); }
 TEST(Attribution, LlamaEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama"); }
+
+// The guard alone: values unchanged; with batch_replicas the pattern is
+// computed once ([1, H, T, S] at hook_attn_probs) and every row's output is
+// the plain forward's.
+TEST(Attribution, FrozenForwardKeepsValuesAndReplicasShareOnePattern) {
+  for (const std::string name : {"gpt2", "llama"}) {
+    auto m = model(name);
+    const at::Tensor ids = prompt().unsqueeze(0).expand({3, prompt().size(0)}).contiguous();
+    const at::Tensor plain = m->logits(ids);
+    const std::string probs = name == "gpt2" ? "transformer.h.1.attn.hook_attn_probs" : "model.layers.1.self_attn.hook_attn_probs";
+    std::vector<int64_t> seen;
+    auto h = m->get_submodule(probs)->register_forward_hook(
+        [&](Module&, const Inputs&, Value& out) { seen = find_first_tensor(out).sizes().vec(); });
+    at::Tensor frozen, replicas;
+    {
+      FreezeNonlinearities guard;
+      frozen = m->logits(ids);
+      EXPECT_EQ(seen[0], 3) << name;
+    }
+    {
+      FreezeNonlinearities guard(/*batch_replicas=*/true);
+      replicas = m->logits(ids);
+      EXPECT_EQ(seen[0], 1) << name << ": the pattern once, not per row";
+    }
+    h.remove();
+    // (Llama's plain RMSNorm computes in float32, its frozen one in float64.)
+    const double tol = name == "llama" ? 1e-5 : 1e-10;
+    EXPECT_TRUE(flex_test::close(frozen, plain, tol, tol)) << name;
+    EXPECT_TRUE(flex_test::close(replicas, frozen, 1e-10, 1e-10)) << name;
+  }
+}
 
 TEST(Attribution, NoActiveFeatureLeavesErrorsTokensAndLogits) {
   auto m = model("llama");
