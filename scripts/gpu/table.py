@@ -63,6 +63,9 @@ def main():
             "new_tokens": rs[0].get("new_tokens"),
             "ok": all(r.get("captures_on_cpu_ok", True) for r in rs),
             "load_s": med(rs, "load_s"),
+            "bound": med(rs, "bound_tok_s"),
+            "of_bound": med(rs, "decode_of_bound"),
+            "applied": any(r.get("prefetch_applied") for r in rs),
         }
 
     versions = next((r.get("versions") for r in rows if r.get("versions")), {})
@@ -75,11 +78,19 @@ def main():
         out.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".")
     out.append(f"Prompt 1 x {prompt_len} token ids, greedy; prompt = time to the first token, decode = "
                "(new tokens - 1) / time from the first to the last token; medians of the runs. "
-               "\"disk\" blocks are read from the safetensors checkpoint (warm page cache).")
+               "\"disk\" blocks are read from the safetensors checkpoint (warm page cache). "
+               "bound = the decode rate the pinned host-to-device bandwidth and the disk read rate measured in "
+               "the same run allow for the offloaded bytes per token; of bound = decode / bound; prefetch "
+               "marked * when blocks were read ahead.")
+    bounds = {r.get("config"): (r.get("h2d_pinned_gb_s"), r.get("disk_read_warm_gb_s"), r.get("disk_read_cold_gb_s"))
+              for r in rows if r.get("impl") == "flexmodel" and r.get("bound_tok_s") is not None}
+    for config, (h2d, warm, cold) in sorted(bounds.items(), key=lambda kv: CONFIG_ORDER.get(kv[0], 9)):
+        out.append(f"- {config}: pinned host-to-device {fmt(h2d, '.1f')} GB/s, disk read {fmt(warm, '.1f')} GB/s warm, "
+                   f"{fmt(cold, '.2f')} GB/s cold.")
     out.append("")
     out.append("| config | blocks gpu/cpu/disk | impl | prefetch | capture | new tokens | runs | prompt ms | decode tok/s "
-               "| prompt vs Accelerate | decode vs Accelerate | capture cost | same tokens | load s |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "| bound tok/s | of bound | prompt vs Accelerate | decode vs Accelerate | capture cost | same tokens | load s |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def sort_key(k):
         config, impl, prefetch, capture = k
@@ -111,10 +122,11 @@ def main():
                 cost += " (capture check FAILED)"
         c = s["counts"]
         blocks = f"{c.get('gpu', '?')}/{c.get('cpu', '?')}/{c.get('disk', '?')}"
-        pf = "-" if prefetch == "None" else prefetch
+        pf = "-" if prefetch == "None" else prefetch + ("*" if s["applied"] else "")
         out.append(
             f"| {config} | {blocks} | {impl} | {pf} | {capture} | {s['new_tokens']} | {s['runs']} "
             f"| {fmt(s['prompt_ms'], '.1f')} | {fmt(s['decode_tok_s'], '.2f')} "
+            f"| {fmt(s['bound'] or None, '.1f')} | {fmt(s['of_bound'], '.2f')} "
             f"| {ratio(p_ratio)} | {ratio(d_ratio)} | {cost} | {same} | {fmt(s['load_s'], '.1f')} |")
     print("\n".join(out))
 
