@@ -28,48 +28,43 @@ if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != 
   # Pinned and first: an unpinned dependency would pull a CUDA build of several GB.
   python3 -m pip install --quiet "torch==$torch_version" >&2
 fi
+# pinned_venv DIR WANT CHECK GUARDED: makes (or checks) a venv at DIR that sees
+# the system's torch, installs WANT (torch pinned in it) unless the Python
+# snippet CHECK already exits 0, and prints the venv's python. A dry run comes
+# first: it refuses a resolver that would (re)install one of GUARDED (a
+# space-separated list, lower case), so nothing moves the pinned torch.
+pinned_venv() {
+  local dir=$1 want=$2 check=$3 guarded=$4 report
+  [ -x "$dir/bin/python" ] || python3 -m venv --system-site-packages "$dir"
+  if ! "$dir/bin/python" -c "$check" 2>/dev/null; then
+    report=$(mktemp)
+    "$dir/bin/python" -m pip install --quiet --dry-run --report "$report" $want 2>/dev/null >&2
+    if ! python3 -c "import json, sys; bad=[i['metadata']['name'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'].lower() in sys.argv[2].split()]; print('would install', bad, file=sys.stderr) if bad else None; sys.exit(bool(bad))" "$report" "$guarded"; then
+      rm -f "$report"; exit 1
+    fi
+    rm -f "$report"
+    "$dir/bin/python" -m pip install --quiet $want >&2
+    "$dir/bin/python" -c "$check"
+  fi
+  echo "$dir/bin/python"
+}
 if [ "$mode" = attribution ]; then
   # circuit-tracer 0.5.0, the attribution-graph reference (make_attribution.py,
   # bench/attribution): it pins transformers <= 4.57.3 and runs on
-  # transformer-lens 2.x, so both live in scripts/golden/.venv-ct, which sees
-  # the system's torch 2.13 (pinned in the same command: the dry run refuses
-  # a resolver that would reinstall torch).
-  ct_venv=$here/.venv-ct
-  [ -x "$ct_venv/bin/python" ] || python3 -m venv --system-site-packages "$ct_venv"
+  # transformer-lens 2.x, so both live in scripts/golden/.venv-ct.
   # pyarrow 21: the newest that still takes the numpy 1.26 transformer-lens 2.16 pins.
-  ct_want="circuit-tracer==0.5.0 transformer-lens==2.16.1 transformers==4.57.3 pyarrow==21.0.0 torch==$torch_version"
-  ct_check="import circuit_tracer, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((circuit_tracer.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('0.5.0', '2.16.1', '$torch_version', '4.57.3'))"
-  if ! "$ct_venv/bin/python" -c "$ct_check" 2>/dev/null; then
-    report=$(mktemp)
-    "$ct_venv/bin/python" -m pip install --quiet --dry-run --report "$report" $ct_want 2>/dev/null >&2
-    if ! python3 -c "import json, sys; bad=[i['metadata']['name'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'].lower() == 'torch']; print('would install', bad, file=sys.stderr) if bad else None; sys.exit(bool(bad))" "$report"; then
-      rm -f "$report"; exit 1
-    fi
-    rm -f "$report"
-    "$ct_venv/bin/python" -m pip install --quiet $ct_want >&2
-    "$ct_venv/bin/python" -c "$ct_check"
-  fi
-  echo "$ct_venv/bin/python"
+  pinned_venv "$here/.venv-ct" \
+    "circuit-tracer==0.5.0 transformer-lens==2.16.1 transformers==4.57.3 pyarrow==21.0.0 torch==$torch_version" \
+    "import circuit_tracer, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((circuit_tracer.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('0.5.0', '2.16.1', '$torch_version', '4.57.3'))" \
+    "torch"
   exit 0
 fi
 if [ "$mode" = sae ]; then
-  sae_venv=$here/.venv-sae
-  [ -x "$sae_venv/bin/python" ] || python3 -m venv --system-site-packages "$sae_venv"
   # torch and transformers pinned in the same command so nothing moves them.
-  sae_want="sae-lens==6.54.12 transformer-lens==3.9.0 torch==$torch_version transformers==5.23.0 safetensors==0.8.0"
-  sae_check="import sae_lens, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((sae_lens.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('6.54.12', '3.9.0', '$torch_version', '5.23.0'))"
-  if ! "$sae_venv/bin/python" -c "$sae_check" 2>/dev/null; then
-    # Dry run first: refuse if the resolver would (re)install torch or transformers.
-    report=$(mktemp)
-    "$sae_venv/bin/python" -m pip install --quiet --dry-run --report "$report" $sae_want 2>/dev/null >&2
-    if ! python3 -c "import json, sys; bad=[i['metadata']['name'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'].lower() in ('torch', 'transformers')]; print('would install', bad, file=sys.stderr) if bad else None; sys.exit(bool(bad))" "$report"; then
-      rm -f "$report"; exit 1
-    fi
-    rm -f "$report"
-    "$sae_venv/bin/python" -m pip install --quiet $sae_want >&2
-    "$sae_venv/bin/python" -c "$sae_check"
-  fi
-  echo "$sae_venv/bin/python"
+  pinned_venv "$here/.venv-sae" \
+    "sae-lens==6.54.12 transformer-lens==3.9.0 torch==$torch_version transformers==5.23.0 safetensors==0.8.0" \
+    "import sae_lens, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((sae_lens.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('6.54.12', '3.9.0', '$torch_version', '5.23.0'))" \
+    "torch transformers"
   exit 0
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
