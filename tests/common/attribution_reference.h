@@ -18,6 +18,8 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
+#include <stdexcept>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,6 +106,45 @@ class AttributionReference {
     for (auto& e : sources.errors) z.errors.push_back(at::zeros_like(e));
     return z;
   }
+  /// A feature edit for edited_logits(): set (or scale) the activation of
+  /// `feature` at `pos` (non-negative) in `layer`.
+  struct Edit {
+    int64_t layer, pos, feature;
+    double value;
+    bool scale = false;
+  };
+
+  /// Interventions as circuit-tracer's feature_intervention makes them: the
+  /// plain forward (norms recomputed, real MLPs), each edited layer's MLP
+  /// output plus (target - a) W_dec[feature] at the edit's position, a the
+  /// activation from this pass's MLP input. frozen_patterns: the clean
+  /// run's attention patterns; else recomputed from this pass (GPT-2 only:
+  /// causal softmax of q k^T / sqrt(D)). Returns the logits [T, V].
+  at::Tensor edited_logits(const std::vector<Edit>& edits, bool frozen_patterns) {
+    at::Tensor h = sources.embed;
+    if (gpt2_) h = h + w("transformer.wpe.weight").narrow(0, 0, T_);
+    std::map<std::string, at::Tensor> inv;
+    for (int64_t l = 0; l < L_; ++l) {
+      const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
+      const at::Tensor a_in = norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv, true);
+      h = h + attention(a_in, l, frozen_patterns ? probs_[l] : gpt2_pattern(a_in, l));
+      const at::Tensor x = norm(h, b + (gpt2_ ? ".ln_2" : ".post_attention_layernorm"), inv, true);
+      at::Tensor out = mlp(x, l);
+      const Tc& t = tc_[l];
+      for (const Edit& e : edits) {
+        if (e.layer != l) continue;
+        const at::Tensor xp = x[e.pos];
+        const at::Tensor p = at::dot(t.shift ? xp - t.b_dec : xp, t.W_enc.select(1, e.feature)) + t.b_enc[e.feature];
+        at::Tensor a = at::relu(p);
+        if (t.threshold.defined()) a = a * p.gt(t.threshold[e.feature]);
+        const at::Tensor target = e.scale ? a * e.value : at::full_like(a, e.value);
+        out[e.pos] += (target - a) * t.W_dec[e.feature];
+      }
+      h = h + out;
+    }
+    return at::matmul(norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv, true), unembed_.t());
+  }
+
   ReferenceSources copy() const {
     ReferenceSources c{sources.embed.clone(), {}, {}};
     for (auto& a : sources.acts) c.acts.push_back(a.clone());
@@ -130,7 +171,22 @@ class AttributionReference {
     return h * inv[prefix] * w(prefix + ".weight");
   }
 
-  at::Tensor attention(const at::Tensor& a, int64_t l) {
+  // GPT-2's causal attention pattern [H, T, T] from the normed input a.
+  at::Tensor gpt2_pattern(const at::Tensor& a, int64_t l) {
+    if (!gpt2_) throw std::runtime_error("attribution reference: recomputed patterns are written for GPT-2 only");
+    const std::string p = "transformer.h." + std::to_string(l) + ".attn.";
+    const int64_t d = a.size(1), D = d / H_;
+    const at::Tensor qkv = at::matmul(a, w(p + "c_attn.weight")) + w(p + "c_attn.bias");
+    const at::Tensor q = qkv.narrow(1, 0, d).view({T_, H_, D}).permute({1, 0, 2});
+    const at::Tensor k = qkv.narrow(1, d, d).view({T_, H_, D}).permute({1, 0, 2});
+    at::Tensor scores = at::matmul(q, k.transpose(1, 2)) / std::sqrt(double(D));
+    const at::Tensor future = at::ones({T_, T_}, at::kBool).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+    return at::softmax(scores, -1);
+  }
+
+  at::Tensor attention(const at::Tensor& a, int64_t l) { return attention(a, l, probs_[l]); }
+  at::Tensor attention(const at::Tensor& a, int64_t l, const at::Tensor& probs) {
     const std::string p = gpt2_ ? "transformer.h." + std::to_string(l) + ".attn."
                                 : "model.layers." + std::to_string(l) + ".self_attn.";
     const int64_t d = a.size(1);
@@ -143,7 +199,7 @@ class AttributionReference {
     const int64_t D = gpt2_ ? d / H_ : w(p + "q_proj.weight").size(0) / H_;
     const int64_t Hkv = v.size(1) / D;
     at::Tensor vh = v.view({T_, Hkv, D}).permute({1, 0, 2}).repeat_interleave(H_ / Hkv, 0);  // [H, T, D]
-    const at::Tensor z = at::matmul(probs_[l], vh).permute({1, 0, 2}).reshape({T_, H_ * D});
+    const at::Tensor z = at::matmul(probs, vh).permute({1, 0, 2}).reshape({T_, H_ * D});
     if (gpt2_) return at::matmul(z, w(p + "c_proj.weight")) + w(p + "c_proj.bias");
     return at::matmul(z, w(p + "o_proj.weight").t());
   }

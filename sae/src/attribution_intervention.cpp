@@ -1,0 +1,149 @@
+// intervene(): a clean pass recording the attention patterns (frozen
+// attention only), then the intervened pass, whose MLP forward hooks add
+// each intervention's decoder delta at the activation this pass computes.
+#include "attribution_places.h"
+
+#include <flex/hooks/errors.h>
+#include <flex/sae/attribution_intervention.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+namespace flex {
+
+namespace {
+
+struct Hooks {
+  std::vector<HookHandle> handles;
+  ~Hooks() {
+    for (auto& h : handles) h.remove();
+  }
+};
+
+int64_t parse_int(const std::string& s, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size())
+    throw ConfigError("intervention '" + text + "': '" + s + "' is not an integer (LAYER:POS:FEATURE=VALUE)");
+  return v;
+}
+
+std::string describe(const FeatureIntervention& iv) {
+  return "intervention (layer " + std::to_string(iv.layer) + ", position " + std::to_string(iv.pos) + ", feature " +
+         std::to_string(iv.feature) + ")";
+}
+
+}  // namespace
+
+FeatureIntervention parse_feature_intervention(const std::string& text) {
+  const size_t op = text.find_first_of("=*");
+  if (op == std::string::npos)
+    throw ConfigError("intervention '" + text + "': expected LAYER:POS:FEATURE=VALUE or LAYER:POS:FEATURE*FACTOR");
+  const std::string where = text.substr(0, op), number = text.substr(op + 1);
+  const size_t c1 = where.find(':'), c2 = where.find(':', c1 == std::string::npos ? 0 : c1 + 1);
+  if (c1 == std::string::npos || c2 == std::string::npos)
+    throw ConfigError("intervention '" + text + "': expected LAYER:POS:FEATURE before '" + text[op] + "'");
+  FeatureIntervention iv;
+  iv.layer = parse_int(where.substr(0, c1), text);
+  iv.pos = parse_int(where.substr(c1 + 1, c2 - c1 - 1), text);
+  iv.feature = parse_int(where.substr(c2 + 1), text);
+  size_t used = 0;
+  try {
+    iv.value = std::stod(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (number.empty() || used != number.size())
+    throw ConfigError("intervention '" + text + "': '" + number + "' is not a number");
+  iv.scale = text[op] == '*';
+  return iv;
+}
+
+at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                     const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+                     bool frozen_attention) {
+  at::Tensor ids = input_ids;
+  if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
+  if (ids.dim() != 1 || ids.size(0) == 0)
+    throw ShapeError("intervene: input_ids must be one non-empty prompt ([T] or [1, T]), not of shape " +
+                     c10::str(input_ids.sizes()));
+  const int64_t T = ids.size(0);
+  ids = ids.to(at::kLong).unsqueeze(0);
+  const detail::AttributionPlaces places = detail::attribution_places(model);
+  detail::check_transcoders(model, places, transcoders);
+  const int64_t L = static_cast<int64_t>(places.mlps.size());
+
+  // Per layer, (position, feature, value, scale), validated.
+  std::map<int64_t, std::vector<FeatureIntervention>> by_layer;
+  for (FeatureIntervention iv : interventions) {
+    if (iv.layer < 0 || iv.layer >= L)
+      throw ConfigError(describe(iv) + ": layer out of range [0, " + std::to_string(L) + ")");
+    const int64_t pos = iv.pos < 0 ? iv.pos + T : iv.pos;
+    if (pos < 0 || pos >= T)
+      throw ConfigError(describe(iv) + ": position out of range for a prompt of " + std::to_string(T) + " tokens");
+    const int64_t d_sae = transcoders[iv.layer]->W_dec.size(0);
+    if (iv.feature < 0 || iv.feature >= d_sae)
+      throw ConfigError(describe(iv) + ": feature out of range for the layer's transcoder of width " +
+                        std::to_string(d_sae) + " (" + transcoders[iv.layer]->config().source + ")");
+    iv.pos = pos;
+    by_layer[iv.layer].push_back(iv);
+  }
+
+  at::NoGradGuard no_grad;
+  Hooks hooks;
+  if (frozen_attention && !by_layer.empty()) {
+    // The clean run's patterns, replayed in order: hook_attn_probs runs once
+    // per attention module per forward.
+    std::vector<std::shared_ptr<Module>> points;
+    for (const auto& item : model.named_flex_modules()) {
+      const std::string& name = item.first;
+      const std::string tail = "hook_attn_probs";
+      if (name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
+        points.push_back(item.second);
+    }
+    auto patterns = std::make_shared<std::vector<at::Tensor>>(points.size());
+    {
+      Hooks record;
+      for (size_t i = 0; i < points.size(); ++i)
+        record.handles.push_back(points[i]->register_forward_hook(
+            [patterns, i](Module&, const Inputs&, Value& out) { (*patterns)[i] = find_first_tensor(out).clone(); }));
+      model.logits(ids);
+    }
+    for (size_t i = 0; i < points.size(); ++i)
+      hooks.handles.push_back(points[i]->register_forward_hook(
+          [patterns, i](Module&, const Inputs&, Value& out) { out = Value((*patterns)[i]); }));
+  }
+  for (auto& [layer, ivs] : by_layer) {
+    auto t = transcoders[layer];
+    const std::vector<FeatureIntervention> list = ivs;
+    hooks.handles.push_back(places.mlps[layer]->register_forward_hook([t, list](Module&, const Inputs& in,
+                                                                                Value& out) {
+      const at::Tensor x = in.tensor(0);  // [B, T, d]
+      at::Tensor y = find_first_tensor(out).clone();
+      const auto dt = x.scalar_type();
+      const at::Tensor b_dec = t->b_dec.detach().to(dt);
+      const at::Tensor W_dec = t->W_dec.detach().to(dt);
+      for (const auto& iv : list) {
+        const at::Tensor xp = x.select(1, iv.pos);  // [B, d]
+        const at::Tensor pre =
+            at::matmul(t->config().apply_b_dec_to_input ? xp - b_dec : xp, t->W_enc.detach().to(dt).select(1, iv.feature)) +
+            t->b_enc.detach().to(dt)[iv.feature];  // [B]
+        at::Tensor a = at::relu(pre);
+        if (t->config().jump()) a = a * pre.gt(t->threshold.detach().to(dt)[iv.feature]);
+        const at::Tensor target = iv.scale ? a * iv.value : at::full_like(a, iv.value);
+        y.select(1, iv.pos).add_((target - a).unsqueeze(-1) * W_dec[iv.feature]);
+      }
+      out = Value(y);
+    }));
+  }
+  return model.logits(ids)[0];
+}
+
+}  // namespace flex
