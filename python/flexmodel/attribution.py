@@ -4,6 +4,8 @@
     graph["adjacency"]          # [N, N] direct effects, [target, source]
     json.dump(graph["json"], open("graph.json", "w"))   # Neuronpedia's graph viewer opens it
 
+    logits = flexmodel.intervene(model, "path/to/transcoders", input_ids, [(1, -1, 123, 0.0), "0:3:7*2"])
+
 Nodes, in order: the active features that were computed (``selected_features`` into
 ``active_features`` [F, 3] = layer, position, feature), error nodes (layer * n_pos + pos),
 token embeddings (n_pos), logits (``logit_tokens``). See sae/include/flex/sae/attribution.h.
@@ -40,3 +42,19 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
         _engine_module(model), transcoders_arg, ids, int(max_n_logits), float(desired_logit_prob), int(batch_size),
         -1 if max_feature_nodes is None else int(max_feature_nodes), bool(zero_first_position), float(node_threshold),
         float(edge_threshold), decode, prompt, slug, scan or "flexmodel")
+
+
+def intervene(model, transcoders, input_ids, interventions, *, frozen_attention=True):
+    """The logits [T, V] of one prompt with transcoder features set or scaled, as circuit-tracer's
+    ``ReplacementModel.feature_intervention``: the model's own forward runs, and at each edited
+    layer the MLP output gains ``(target - a) * W_dec[feature]`` at the position, ``a`` being the
+    feature's activation computed from that layer's MLP input in this pass. ``interventions``:
+    (layer, position, feature, value) tuples that set the activation (a fifth element True
+    scales it by value instead), or strings "LAYER:POS:FEATURE=VALUE" / "LAYER:POS:FEATURE*FACTOR";
+    negative positions count from the end. ``frozen_attention`` (circuit-tracer's default) keeps
+    every attention pattern at the clean run's; False recomputes them. ``transcoders`` as for
+    attribute(). Errors: flexmodel.errors.ConfigError naming an intervention out of range."""
+    transcoders_arg = os.fspath(transcoders) if isinstance(transcoders, (str, os.PathLike)) else list(transcoders)
+    ids = input_ids.reshape(-1) if hasattr(input_ids, "reshape") else input_ids
+    return _C.attribution.intervene(_engine_module(model), transcoders_arg, ids, list(interventions),
+                                    bool(frozen_attention))

@@ -6,6 +6,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
+#include <flex/sae/attribution_intervention.h>
 
 #include <ATen/ATen.h>
 
@@ -74,6 +75,42 @@ void bind_attribution(py::module_& m) {
       py::arg("desired_logit_prob"), py::arg("batch_size"), py::arg("max_feature_nodes"), py::arg("zero_first_position"),
       py::arg("node_threshold"), py::arg("edge_threshold"), py::arg("decode"), py::arg("prompt"), py::arg("slug"),
       py::arg("scan"));
+  a.def(
+      "intervene",
+      [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,
+         bool frozen_attention) {
+        auto lm = std::dynamic_pointer_cast<CausalLM>(model);
+        if (!lm) throw ConfigError("intervene: the model is not a causal language model of flexmodel's");
+        std::vector<std::shared_ptr<SparseDictionary>> tcs;
+        if (py::isinstance<py::str>(transcoders)) {
+          tcs = load_transcoders(transcoders.cast<std::string>(), lm->config().num_hidden_layers);
+        } else {
+          tcs = transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
+        }
+        // Each: "L:P:F=V" / "L:P:F*X", or (layer, pos, feature, value[, scale]).
+        std::vector<FeatureIntervention> ivs;
+        for (const auto& item : interventions) {
+          if (py::isinstance<py::str>(item)) {
+            ivs.push_back(parse_feature_intervention(item.cast<std::string>()));
+            continue;
+          }
+          const auto t = item.cast<py::sequence>();
+          if (t.size() != 4 && t.size() != 5)
+            throw ConfigError("intervene: an intervention is (layer, position, feature, value[, scale]), not " +
+                              py::repr(item).cast<std::string>());
+          FeatureIntervention iv;
+          iv.layer = t[0].cast<int64_t>();
+          iv.pos = t[1].cast<int64_t>();
+          iv.feature = t[2].cast<int64_t>();
+          iv.value = t[3].cast<double>();
+          iv.scale = t.size() == 5 && t[4].cast<bool>();
+          ivs.push_back(iv);
+        }
+        py::gil_scoped_release release;
+        return intervene(*lm, tcs, input_ids, ivs, frozen_attention);
+      },
+      py::arg("model"), py::arg("transcoders"), py::arg("input_ids"), py::arg("interventions"),
+      py::arg("frozen_attention"));
 }
 
 }  // namespace flex::python

@@ -26,6 +26,14 @@ For FAMILY in gpt2, llama (or the families given as arguments):
   FAMILY-circuit-tracer-graph.json  the graph file create_graph_files writes for
                                   Neuronpedia (its create_nodes / create_used_nodes_and_edges
                                   / build_model; token strings are the ids)
+
+With --interventions (only this file is written, for each family):
+
+  FAMILY-circuit-tracer-interventions.safetensors
+                                  interventions [3, 4] (layer, position, feature, value as
+                                  float), clean_logits, frozen_logits, unfrozen_logits [T, V]:
+                                  circuit-tracer's feature_intervention with
+                                  freeze_attention True / False on the same prompt
 """
 
 import json
@@ -192,9 +200,46 @@ def make(family):
           file=sys.stderr)
 
 
+def make_interventions(family):
+    cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
+    tset, _ = transcoders(cfg.d_model, cfg.n_layers, family)
+    model = TransformerLensReplacementModel(cfg)
+    model.load_state_dict(weights, strict=False)
+    model._configure_replacement_model(tset)
+    prompt = torch.tensor(PROMPTS[family])
+    model.tokenizer = IdTokenizer(PROMPTS[family][0])
+    model.eval()
+    clean, acts = model.feature_intervention(prompt, [], freeze_attention=False)
+    acts = acts.to_dense() if acts.is_sparse else acts  # [L, T, d_sae]
+    T = prompt.numel()
+    # An active layer-0 feature at position 3 switched off, an inactive
+    # layer-1 feature at position 6 switched on, an active layer-0 feature at
+    # the last position tripled (layer 0's MLP input is the clean run's).
+    on3 = int(acts[0, 3].nonzero()[0])
+    off6 = int((acts[1, 6] == 0).nonzero()[0])
+    on_last = int(acts[0, T - 1].nonzero()[0])
+    ivs = [(0, 3, on3, 0.0), (1, 6, off6, 2.0), (0, T - 1, on_last, 3.0 * float(acts[0, T - 1, on_last]))]
+    frozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=True)
+    unfrozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=False)
+    out = {
+        "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
+        "clean_logits": clean.reshape(T, -1).float().contiguous(),
+        "frozen_logits": frozen.reshape(T, -1).float().contiguous(),
+        "unfrozen_logits": unfrozen.reshape(T, -1).float().contiguous(),
+    }
+    path = os.path.join(OUT, f"{family}-circuit-tracer-interventions.safetensors")
+    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "torch": torch.__version__})
+    os.chmod(path, 0o644)
+    print(f"{family}: interventions {ivs}; largest logit change frozen "
+          f"{(frozen - clean).abs().max():.4g}, unfrozen {(unfrozen - clean).abs().max():.4g}", file=sys.stderr)
+
+
 def main():
-    for family in sys.argv[1:] or ["gpt2", "llama"]:
-        make(family)
+    args = sys.argv[1:]
+    interventions = "--interventions" in args
+    families = [a for a in args if a != "--interventions"] or ["gpt2", "llama"]
+    for family in families:
+        (make_interventions if interventions else make)(family)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,40 @@ def test_typed_errors(gpt2, golden):
         flexmodel.attribute(gpt2, ATTR / "gpt2-transcoders", torch.full((65,), 3))
     with pytest.raises(flexmodel.ConfigError, match="1 transcoders"):
         flexmodel.attribute(gpt2, [flexmodel.sae.load_sae(ATTR / "gpt2-transcoders" / "layer_0")], golden["input_ids"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("frozen", [True, False])
+def test_interventions_equal_circuit_tracers_feature_intervention(family, frozen):
+    # scripts/golden/make_attribution.py --interventions: circuit-tracer 0.5.0's logits with
+    # freeze_attention True / False for three edits (off, on, tripled: given here as a scale).
+    gold = load_file(str(ATTR / f"{family}-circuit-tracer-interventions.safetensors"))
+    m = fixture_model(family)
+    ids = load_file(str(ATTR / f"{family}-circuit-tracer.safetensors"))["input_ids"]
+    iv = gold["interventions"].tolist()
+    edits = [(int(l), int(p), int(f), v) for l, p, f, v in iv[:2]]
+    tripled = (int(iv[2][0]), int(iv[2][1]) - ids.numel(), int(iv[2][2]), 3.0, True)  # the last position, scaled
+    logits = flexmodel.intervene(m, ATTR / f"{family}-transcoders", ids, edits + [tripled], frozen_attention=frozen)
+    theirs = gold["frozen_logits" if frozen else "unfrozen_logits"]
+    moved = (theirs - gold["clean_logits"]).abs().max().item()
+    assert moved > 0.1, "the edits barely move circuit-tracer's logits"
+    assert_close(logits, theirs, 1e-5 * theirs.abs().max().item(), f"{family} logits (frozen={frozen})")
+    # The string form is the same intervention.
+    text = [f"{l}:{p}:{f}={v!r}" for l, p, f, v in edits] + [f"{tripled[0]}:{tripled[1]}:{tripled[2]}*3"]
+    assert torch.equal(flexmodel.intervene(m, ATTR / f"{family}-transcoders", ids, text, frozen_attention=frozen), logits)
+
+
+_MODELS = {}
+
+
+def fixture_model(family):
+    if family not in _MODELS:
+        _MODELS[family] = flexmodel.from_pretrained(DATA / "models" / family)
+    return _MODELS[family]
+
+
+def test_intervention_out_of_range_is_a_config_error(gpt2):
+    with pytest.raises(flexmodel.errors.ConfigError, match="layer 5"):
+        flexmodel.intervene(gpt2, ATTR / "gpt2-transcoders", torch.arange(1, 8), [(5, 0, 0, 1.0)])
+    with pytest.raises(flexmodel.errors.ConfigError, match="LAYER:POS:FEATURE"):
+        flexmodel.intervene(gpt2, ATTR / "gpt2-transcoders", torch.arange(1, 8), ["1:2=3"])
