@@ -41,6 +41,14 @@ them as the reference the C++ reader is checked against:
     .logits.safetensors      Transformers' logits on gguf-py's dequantized
                              weights, for a 12-token (prefill) and a 5-token
                              (decode-shaped) input
+  vocab-qwen2.gguf           tokenizer-only GGUFs (no tensors) written the way
+  vocab-gpt2.gguf            llama.cpp's convert_hf_to_gguf writes a byte-level
+  vocab-llama-bpe.gguf       BPE vocabulary (tokenizer.ggml.model "gpt2"): from
+                             tests/data/tokenizers/qwen2 (pre "qwen2"), and from
+                             GPT-2's first 300 merges (pre "gpt-2"; and with Llama
+                             3's split regex and add_bos_token, pre "llama-bpe")
+    vocab.expected.json      the `tokenizers` package's ids (add_special_tokens)
+                             and decoding for a set of strings, per file
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -566,12 +574,106 @@ def write_qwen2_tiny():
     save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen2-tiny-q8_0.logits.safetensors"))
 
 
+# --- tokenizer-only GGUFs ---------------------------------------------------
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+VOCAB_STRINGS = [
+    "Hello world", "  leading spaces and   gaps  ", "digits 1234567 and 3.14159", "line one\nline two\n\n\nend",
+    "unicode: caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001F642 \u00d1", "it's they're I'll WE'VE", "tabs\tand\r\nCRLF",
+    "<|endoftext|> after a special token", "the <tool_call> added token", "", " ", "a",
+]
+
+
+def gpt2_prefix_tokenizer(n_merges, llama_bpe):
+    """GPT-2's first n_merges merges (ids 256 + i are their results, as in GPT-2's
+    vocab.json) and <|endoftext|>, as a `tokenizers` Tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, processors, Regex
+    src = os.path.join(ROOT, "tests", "data", "tokenizers", "gpt2")
+    with open(os.path.join(src, "vocab.json"), encoding="utf-8") as f:
+        full = json.load(f)
+    with open(os.path.join(src, "merges.txt"), encoding="utf-8") as f:
+        lines = f.read().split("\n")[1:1 + n_merges]
+    merges = [tuple(l.split(" ")) for l in lines]
+    vocab = {t: i for t, i in full.items() if i < 256 + n_merges}
+    tok = Tokenizer(models.BPE(vocab, merges))
+    if llama_bpe:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    eot = tok.token_to_id("<|endoftext|>")
+    if llama_bpe:
+        tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eot)])
+    return tok, merges
+
+
+def write_vocab_gguf(path, tok, merges, pre, special, add_bos):
+    """What convert_hf_to_gguf's _set_vocab_gpt2 + SpecialVocab write, for a
+    byte-level BPE tokenizer: every id up to the largest, missing ones as
+    [PAD<id>] UNUSED, special added tokens CONTROL, other added tokens
+    USER_DEFINED, merges as "a b" strings."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    added = tok.get_added_tokens_decoder()
+    rev = {i: t for t, i in vocab.items()}
+    n = max(rev) + 1
+    tokens, types = [], []
+    for i in range(n):
+        if i not in rev:
+            tokens.append(f"[PAD{i}]"); types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(rev[i]); types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(rev[i]); types.append(gguf.TokenType.NORMAL)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("flexmodel gguf vocabulary")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    for kind, name in special.items():
+        getattr(w, f"add_{kind}_token_id")(vocab[name])
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_vocab_ggufs():
+    from tokenizers import Tokenizer
+    expected = {}
+    qwen = Tokenizer.from_file(os.path.join(ROOT, "tests", "data", "tokenizers", "qwen2", "tokenizer.json"))
+    qmerges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+               for m in json.load(open(os.path.join(ROOT, "tests", "data", "tokenizers", "qwen2", "tokenizer.json"),
+                                       encoding="utf-8"))["model"]["merges"]]
+    g2, g2m = gpt2_prefix_tokenizer(300, llama_bpe=False)
+    l3, l3m = gpt2_prefix_tokenizer(300, llama_bpe=True)
+    jobs = [("vocab-qwen2.gguf", qwen, qmerges, "qwen2", {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, None),
+            ("vocab-gpt2.gguf", g2, g2m, "gpt-2", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, False),
+            ("vocab-llama-bpe.gguf", l3, l3m, "llama-bpe", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, True)]
+    for name, tok, merges, pre, special, add_bos in jobs:
+        write_vocab_gguf(os.path.join(OUT, name), tok, merges, pre, special, add_bos)
+        ids = [tok.encode(s, add_special_tokens=True).ids for s in VOCAB_STRINGS]
+        expected[name] = {"strings": VOCAB_STRINGS, "ids": ids,
+                          "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
+    with open(os.path.join(OUT, "vocab.expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(52)
     write_types(rng)
     write_fuzz_seeds(rng)
     write_llama_tiny()
+    write_vocab_ggufs()
     write_qwen2_tiny()
     write_llama_mixed(np.random.default_rng(54))
     write_qwen3_tiny()

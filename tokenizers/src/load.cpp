@@ -2,6 +2,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/tokenizers/tokenizer.h>
 #include <flex/tokenizers/bpe.h>
+#include <flex/tokenizers/gguf_vocab.h>
 
 #include "message.h"
 #include <nlohmann/json.hpp>
@@ -61,6 +62,8 @@ std::optional<int64_t> resolve(const Tokenizer& tok, const std::optional<std::st
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
+  // A GGUF file carries its vocabulary in its metadata (docs/gguf.md).
+  if (is_gguf_tokenizer_file(model_dir)) return load_gguf_tokenizer(model_dir);
   if (!fs::is_directory(dir)) throw IOError(cat("tokenizer folder ", model_dir, " does not exist"));
   std::unique_ptr<BpeTokenizer> tok;
   if (fs::exists(dir / "tokenizer.json")) {

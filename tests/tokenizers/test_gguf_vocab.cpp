@@ -1,0 +1,98 @@
+// Tokenizers read from GGUF metadata (tokenizer.ggml.*) against the `tokenizers`
+// package: scripts/golden/make_gguf.py writes tests/data/gguf/vocab-*.gguf the way
+// llama.cpp's convert_hf_to_gguf does from a tokenizer.json, and records that
+// tokenizer's ids and decoding in vocab.expected.json.
+#include <flex/hooks/errors.h>
+#include <flex/tokenizers/gguf_vocab.h>
+#include <flex/tokenizers/tokenizer.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data_util.h"
+
+using nlohmann::json;
+
+namespace {
+
+const json& expected() {
+  static const json doc = [] {
+    std::ifstream in(flex_test::data_path("gguf/vocab.expected.json"));
+    return json::parse(in);
+  }();
+  return doc;
+}
+
+void check_file(const std::string& name) {
+  const std::string path = flex_test::data_path("gguf/" + name);
+  ASSERT_TRUE(flex::is_gguf_tokenizer_file(path));
+  const auto tok = flex::load_tokenizer(path);  // a GGUF file instead of a folder
+  const json& e = expected().at(name);
+  for (size_t i = 0; i < e["strings"].size(); ++i) {
+    const std::string s = e["strings"][i];
+    const std::vector<int64_t> want = e["ids"][i];
+    const std::vector<int64_t> got = tok->encode(s);
+    EXPECT_EQ(got, want) << name << ": string " << i << " '" << s << "'";
+    EXPECT_EQ(tok->decode_text(want), e["decoded"][i].get<std::string>()) << name << ": decoding string " << i;
+  }
+}
+
+TEST(GgufVocab, Qwen2FixtureMatchesTokenizersPackage) {
+  check_file("vocab-qwen2.gguf");
+  const auto tok = flex::load_tokenizer(flex_test::data_path("gguf/vocab-qwen2.gguf"));
+  EXPECT_EQ(tok->eos_id(), 272);
+  EXPECT_EQ(tok->pad_id(), 272);
+  EXPECT_FALSE(tok->bos_id().has_value());
+  EXPECT_TRUE(tok->is_special(272));   // CONTROL
+  EXPECT_FALSE(tok->is_special(275));  // USER_DEFINED <tool_call>
+  EXPECT_EQ(tok->vocab_size(), 276);
+}
+
+TEST(GgufVocab, Gpt2PrefixMatchesTokenizersPackage) { check_file("vocab-gpt2.gguf"); }
+
+TEST(GgufVocab, LlamaBpeWithBosMatchesTokenizersPackage) { check_file("vocab-llama-bpe.gguf"); }
+
+// A GGUF holding only string metadata, for the error cases.
+std::string write_gguf(const std::string& name, const std::vector<std::pair<std::string, std::string>>& kv) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream out(path, std::ios::binary);
+  const auto u32 = [&](uint32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
+  const auto u64 = [&](uint64_t v) { out.write(reinterpret_cast<const char*>(&v), 8); };
+  const auto str = [&](const std::string& s) { u64(s.size()), out.write(s.data(), static_cast<std::streamsize>(s.size())); };
+  out.write("GGUF", 4);
+  u32(3), u64(0), u64(kv.size());
+  for (const auto& [k, v] : kv) str(k), u32(8), str(v);
+  return path;
+}
+
+template <class E>
+void expect_error(const std::string& path, const std::vector<std::string>& parts) {
+  try {
+    flex::load_tokenizer(path);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const E& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+TEST(GgufVocab, UnsupportedModelsAndPreTokenizersNameFileKeyValue) {
+  const auto spm = write_gguf("spm.gguf", {{"tokenizer.ggml.model", "llama"}});
+  expect_error<flex::UnsupportedError>(spm, {spm, "tokenizer.ggml.model", "'llama'"});
+  const auto pre = write_gguf("pre.gguf", {{"tokenizer.ggml.model", "gpt2"}, {"tokenizer.ggml.pre", "deepseek-llm"}});
+  expect_error<flex::UnsupportedError>(pre, {pre, "tokenizer.ggml.pre", "'deepseek-llm'"});
+  const auto none = write_gguf("none.gguf", {{"general.name", "x"}});
+  expect_error<flex::FileFormatError>(none, {none, "tokenizer.ggml.model"});
+}
+
+TEST(GgufVocab, TruncatedMetadataIsAFileFormatError) {
+  const std::string src = flex_test::data_path("gguf/vocab-gpt2.gguf");
+  std::ifstream in(src, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string path = ::testing::TempDir() + "truncated.gguf";
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  expect_error<flex::FileFormatError>(path, {path, "truncated"});
+}
+
+}  // namespace

@@ -1,0 +1,260 @@
+// The tokenizer of a GGUF file: reads the metadata key/values (not the tensors)
+// and turns llama.cpp's tokenizer.ggml.* keys into a BpeSpec. This library is
+// torch-free, so it cannot use flex/dispatch/gguf.h (which hands out at::Tensor);
+// it parses only the metadata section, which is all a tokenizer needs.
+#include <flex/hooks/errors.h>
+#include <flex/tokenizers/bpe.h>
+#include <flex/tokenizers/gguf_vocab.h>
+
+#include "message.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace flex {
+// Named (not anonymous): the library builds as a unity build, beside json.cpp's Reader.
+namespace gguf_vocab_impl {
+
+// GGUF value types (gguf.md in llama.cpp).
+enum : uint32_t { U8 = 0, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 };
+
+// One metadata value, as much of it as the tokenizer needs.
+struct Value {
+  uint32_t type = 0, elem = 0;
+  int64_t i = 0;
+  double d = 0;
+  std::string s;
+  std::vector<std::string> strs;
+  std::vector<int64_t> ints;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    if (!in_) throw IOError(cat("cannot open GGUF file ", path));
+    std::error_code ec;
+    size_ = std::filesystem::file_size(path, ec);
+  }
+
+  void bytes(void* out, uint64_t n, const char* what) {
+    if (n > size_ || !in_.read(static_cast<char*>(out), static_cast<std::streamsize>(n)))
+      throw FileFormatError(cat(path_, ": truncated GGUF metadata (reading ", what, ")"));
+  }
+  template <class T>
+  T pod(const char* what) {
+    T v;
+    bytes(&v, sizeof v, what);
+    return v;
+  }
+  std::string str(const char* what) {
+    const uint64_t n = pod<uint64_t>(what);
+    if (n > size_) throw FileFormatError(cat(path_, ": string of ", n, " bytes in a ", size_, "-byte file (", what, ")"));
+    std::string s(n, '\0');
+    if (n) bytes(&s[0], n, what);
+    return s;
+  }
+  uint64_t count(uint64_t n, const std::string& key) const {
+    if (n > size_) throw FileFormatError(cat(path_, ": ", key, ": array of ", n, " elements in a ", size_, "-byte file"));
+    return n;
+  }
+
+  // A scalar of `type`; integers in v.i, floats in v.d, strings in v.s.
+  void scalar(uint32_t type, Value& v, const std::string& key) {
+    const char* k = key.c_str();
+    switch (type) {
+      case U8: v.i = pod<uint8_t>(k); break;
+      case I8: v.i = pod<int8_t>(k); break;
+      case U16: v.i = pod<uint16_t>(k); break;
+      case I16: v.i = pod<int16_t>(k); break;
+      case U32: v.i = pod<uint32_t>(k); break;
+      case I32: v.i = pod<int32_t>(k); break;
+      case BOOL: v.i = pod<uint8_t>(k) != 0; break;
+      case U64: v.i = static_cast<int64_t>(pod<uint64_t>(k)); break;
+      case I64: v.i = pod<int64_t>(k); break;
+      case F32: v.d = pod<float>(k); break;
+      case F64: v.d = pod<double>(k); break;
+      case STRING: v.s = str(k); break;
+      default: throw FileFormatError(cat(path_, ": ", key, ": unknown GGUF value type ", type));
+    }
+  }
+
+  // A value; arrays of strings / integers are kept when `keep`, else skipped.
+  Value value(uint32_t type, const std::string& key, bool keep, int depth = 0) {
+    Value v;
+    v.type = type;
+    if (type != ARRAY) {
+      scalar(type, v, key);
+      return v;
+    }
+    if (depth > 8) throw FileFormatError(cat(path_, ": ", key, ": arrays nested too deep"));
+    v.elem = pod<uint32_t>(key.c_str());
+    const uint64_t n = count(pod<uint64_t>(key.c_str()), key);
+    for (uint64_t j = 0; j < n; ++j) {
+      if (v.elem == ARRAY) {
+        value(ARRAY, key, false, depth + 1);
+        continue;
+      }
+      Value e;
+      scalar(v.elem, e, key);
+      if (!keep) continue;
+      if (v.elem == STRING) v.strs.push_back(std::move(e.s));
+      else if (v.elem == F32 || v.elem == F64) v.ints.push_back(0);  // scores: not used by BPE
+      else v.ints.push_back(e.i);
+    }
+    return v;
+  }
+
+  // The tokenizer.* and general.* keys of the file.
+  std::map<std::string, Value> metadata() {
+    char magic[4];
+    bytes(magic, 4, "magic");
+    if (std::memcmp(magic, "GGUF", 4) != 0) throw FileFormatError(cat(path_, ": not a GGUF file (no GGUF magic)"));
+    const uint32_t version = pod<uint32_t>("version");
+    if (version < 2 || version > 3) throw UnsupportedError(cat(path_, ": GGUF version ", version, " (2 and 3 are read)"));
+    pod<uint64_t>("tensor count");
+    const uint64_t n_kv = count(pod<uint64_t>("metadata count"), "metadata count");
+    std::map<std::string, Value> out;
+    for (uint64_t j = 0; j < n_kv; ++j) {
+      std::string key = str("metadata key");
+      const uint32_t type = pod<uint32_t>(key.c_str());
+      const bool keep = key.rfind("tokenizer.", 0) == 0;
+      Value v = value(type, key, keep);
+      if (keep) out[key] = std::move(v);
+    }
+    return out;
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  uint64_t size_ = 0;
+};
+
+// llama.cpp's token types.
+enum : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+// Pre-tokenizer regexes of the tokenizer.json files these families come from.
+const char* const kLlama3Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char* const kQwen2Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+bool is_gguf_file_impl(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
+  Reader r(path);
+  auto md = r.metadata();
+  const auto need = [&](const char* key, uint32_t type) -> const Value& {
+    auto it = md.find(key);
+    if (it == md.end()) throw FileFormatError(cat(path, ": no ", key, " (the file has no tokenizer)"));
+    if (it->second.type != type) throw FileFormatError(cat(path, ": ", key, ": GGUF value type ", it->second.type, ", expected ", type));
+    return it->second;
+  };
+  const auto opt_int = [&](const char* key) -> std::optional<int64_t> {
+    auto it = md.find(key);
+    if (it == md.end() || it->second.type == ARRAY || it->second.type == STRING || it->second.type == F32 ||
+        it->second.type == F64)
+      return std::nullopt;
+    return it->second.i;
+  };
+
+  const std::string model = need("tokenizer.ggml.model", STRING).s;
+  if (model != "gpt2")
+    throw UnsupportedError(cat(path, ": tokenizer.ggml.model '", model,
+                               "' is not supported (only 'gpt2', byte-level BPE with merges, is read from GGUF; "
+                               "put the model's tokenizer.json beside it instead)"));
+  const auto pre_it = md.find("tokenizer.ggml.pre");
+  const std::string pre = pre_it == md.end() ? std::string("(absent)") : pre_it->second.s;
+
+  BpeSpec spec;
+  spec.source = path;
+  const std::string where = cat(path, ": tokenizer.ggml.pre");
+  if (pre == "gpt-2") {
+    spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::byte_level(false, true)};
+  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
+    spec.pre_tokenizer = {
+        BpeSpec::PreTokenizeStep::split_on(SplitPattern::regex(pre == "qwen2" ? kQwen2Regex : kLlama3Regex, where),
+                                           SplitBehavior::Isolated),
+        BpeSpec::PreTokenizeStep::byte_level(false, false)};
+  } else {
+    throw UnsupportedError(cat(where, " '", pre,
+                               "' is not supported (known: 'gpt-2', 'llama-bpe', 'llama3', 'qwen2')"));
+  }
+  spec.decoder = std::vector<BpeSpec::DecodeStep>{
+      {BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
+
+  const Value& tokens = need("tokenizer.ggml.tokens", ARRAY);
+  if (tokens.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.tokens: expected an array of strings"));
+  std::vector<int64_t> types(tokens.strs.size(), kNormal);
+  if (md.count("tokenizer.ggml.token_type")) {
+    types = need("tokenizer.ggml.token_type", ARRAY).ints;
+    if (types.size() != tokens.strs.size())
+      throw FileFormatError(cat(path, ": tokenizer.ggml.token_type has ", types.size(), " entries for ",
+                                tokens.strs.size(), " tokens"));
+  }
+  for (size_t id = 0; id < tokens.strs.size(); ++id) {
+    const std::string& t = tokens.strs[id];
+    if (types[id] == kControl || types[id] == kUserDefined) {
+      AddedToken a;
+      a.content = t;
+      a.id = static_cast<int64_t>(id);
+      a.special = types[id] == kControl;
+      a.normalized = !a.special;
+      spec.added_tokens.push_back(a);
+    } else if (types[id] != kUnused) {
+      spec.vocab.emplace_back(t, static_cast<int64_t>(id));
+    }
+  }
+
+  const Value& merges = need("tokenizer.ggml.merges", ARRAY);
+  if (merges.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.merges: expected an array of strings"));
+  spec.merges.reserve(merges.strs.size());
+  for (size_t j = 0; j < merges.strs.size(); ++j) {
+    const std::string& m = merges.strs[j];
+    const size_t sp = m.find(' ');
+    if (sp == std::string::npos || m.find(' ', sp + 1) != std::string::npos)
+      throw FileFormatError(cat(path, ": tokenizer.ggml.merges[", j, "] '", m, "' is not two tokens joined by one space"));
+    spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
+  }
+
+  SpecialTokenIds ids;
+  const auto id_of = [&](const char* key) -> std::optional<int64_t> {
+    auto v = opt_int(key);
+    if (v && (*v < 0 || *v >= static_cast<int64_t>(tokens.strs.size())))
+      throw FileFormatError(cat(path, ": ", key, " ", *v, " is outside the ", tokens.strs.size(), " tokens"));
+    return v;
+  };
+  ids.bos = id_of("tokenizer.ggml.bos_token_id");
+  ids.eos = id_of("tokenizer.ggml.eos_token_id");
+  ids.unk = id_of("tokenizer.ggml.unknown_token_id");
+  ids.pad = id_of("tokenizer.ggml.padding_token_id");
+  if (opt_int("tokenizer.ggml.add_bos_token").value_or(0)) {
+    if (!ids.bos) throw FileFormatError(cat(path, ": tokenizer.ggml.add_bos_token is true but there is no bos_token_id"));
+    spec.prefix_ids = {*ids.bos};
+  }
+  if (opt_int("tokenizer.ggml.add_eos_token").value_or(0)) {
+    if (!ids.eos) throw FileFormatError(cat(path, ": tokenizer.ggml.add_eos_token is true but there is no eos_token_id"));
+    spec.suffix_ids = {*ids.eos};
+  }
+  auto tok = std::make_unique<BpeTokenizer>(std::move(spec));
+  tok->set_special_ids(ids);
+  return tok;
+}
+
+}  // namespace gguf_vocab_impl
+
+bool is_gguf_tokenizer_file(const std::string& path) { return gguf_vocab_impl::is_gguf_file_impl(path); }
+
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path) { return gguf_vocab_impl::load_impl(path); }
+
+}  // namespace flex
