@@ -168,6 +168,10 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
     return it->second.i;
   };
 
+  // No tokenizer at all is an IOError, as for a model folder without tokenizer
+  // files: callers that can do without one (--input-ids) catch exactly that.
+  if (!md.count("tokenizer.ggml.model"))
+    throw IOError(cat(path, ": the GGUF file has no tokenizer (no tokenizer.ggml.model key)"));
   const std::string model = need("tokenizer.ggml.model", STRING).s;
   if (model != "gpt2")
     throw UnsupportedError(cat(path, ": tokenizer.ggml.model '", model,

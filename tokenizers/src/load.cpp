@@ -63,7 +63,16 @@ std::optional<int64_t> resolve(const Tokenizer& tok, const std::optional<std::st
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
   // A GGUF file carries its vocabulary in its metadata (docs/gguf.md).
-  if (is_gguf_tokenizer_file(model_dir)) return load_gguf_tokenizer(model_dir);
+  // One it cannot read (SentencePiece "llama" vocabularies, other pre-tokenizer
+  // families) is an IOError like a folder without tokenizer files, so the tools
+  // that take --input-ids instead (they catch IOError) still run on the file.
+  if (is_gguf_tokenizer_file(model_dir)) {
+    try {
+      return load_gguf_tokenizer(model_dir);
+    } catch (const UnsupportedError& e) {
+      throw IOError(cat(e.what(), " (no tokenizer flexmodel can read in this GGUF file)"));
+    }
+  }
   if (!fs::is_directory(dir)) throw IOError(cat("tokenizer folder ", model_dir, " does not exist"));
   std::unique_ptr<BpeTokenizer> tok;
   if (fs::exists(dir / "tokenizer.json")) {

@@ -1,7 +1,8 @@
 #pragma once
 // The tokenizer stored in a GGUF file's metadata (llama.cpp's tokenizer.ggml.*
 // keys), for models that come as one .gguf file without a tokenizer.json.
-// load_tokenizer(path) calls this when `path` is a GGUF file.
+// load_tokenizer(path) calls this when `path` is a GGUF file (and turns its
+// UnsupportedError into an IOError: "no tokenizer it can read", as for a folder).
 //
 // Supported: tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, token_type,
 // merges) with tokenizer.ggml.pre "gpt-2", "llama-bpe" / "llama3" or "qwen2",
@@ -22,7 +23,7 @@ bool is_gguf_tokenizer_file(const std::string& path);
 
 /// The tokenizer of a GGUF file, with bos/eos/unk/pad from
 /// tokenizer.ggml.{bos,eos,unknown,padding}_token_id. Unreadable file:
-/// flex::IOError; malformed metadata: flex::FileFormatError; see above for
+/// flex::IOError, as is a file without tokenizer.ggml.model; malformed metadata: flex::FileFormatError; see above for
 /// flex::UnsupportedError. Messages name the file and the key.
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path);
 
