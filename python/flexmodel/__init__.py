@@ -47,7 +47,7 @@ from .big_modeling import (  # noqa: E402,F401
 from .activation_datasets import ActivationDataset, ActivationLoader, capture_dataset  # noqa: E402,F401
 from . import edits  # noqa: E402,F401
 from . import sae  # noqa: E402,F401
-from .attribution import attribute, intervene  # noqa: E402,F401
+from .attribution import attribute, intervene, intervene_generate  # noqa: E402,F401
 from ._C import world_rank, world_size  # noqa: E402,F401  (mpirun: this process's rank, the job's size)
 
 __version__ = "0.1.0"

@@ -58,3 +58,15 @@ def intervene(model, transcoders, input_ids, interventions, *, frozen_attention=
     ids = input_ids.reshape(-1) if hasattr(input_ids, "reshape") else input_ids
     return _C.attribution.intervene(_engine_module(model), transcoders_arg, ids, list(interventions),
                                     bool(frozen_attention))
+
+
+def intervene_generate(model, transcoders, input_ids, interventions, max_new_tokens, *, frozen_attention=True):
+    """Greedy generation after one prompt with the interventions of intervene() at their prompt
+    positions (circuit-tracer's ``feature_intervention_generate``, without open-ended positions):
+    the prompt's positions keep their intervened values (with ``frozen_attention``, the clean run's
+    patterns), new positions attend afresh. Returns (ids [T + max_new_tokens], logits
+    [max_new_tokens, V] of each step's last position)."""
+    transcoders_arg = os.fspath(transcoders) if isinstance(transcoders, (str, os.PathLike)) else list(transcoders)
+    ids = input_ids.reshape(-1) if hasattr(input_ids, "reshape") else input_ids
+    return _C.attribution.intervene_generate(_engine_module(model), transcoders_arg, ids, list(interventions),
+                                             int(max_new_tokens), bool(frozen_attention))

@@ -12,6 +12,44 @@
 
 namespace flex::python {
 
+namespace {
+
+std::vector<std::shared_ptr<SparseDictionary>> transcoder_list(CausalLM& lm, py::object transcoders) {
+  if (py::isinstance<py::str>(transcoders)) return load_transcoders(transcoders.cast<std::string>(), lm.config().num_hidden_layers);
+  return transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
+}
+
+// Each: "L:P:F=V" / "L:P:F*X", or (layer, pos, feature, value[, scale]).
+std::vector<FeatureIntervention> intervention_list(py::list interventions) {
+  std::vector<FeatureIntervention> ivs;
+  for (const auto& item : interventions) {
+    if (py::isinstance<py::str>(item)) {
+      ivs.push_back(parse_feature_intervention(item.cast<std::string>()));
+      continue;
+    }
+    const auto t = item.cast<py::sequence>();
+    if (t.size() != 4 && t.size() != 5)
+      throw ConfigError("intervene: an intervention is (layer, position, feature, value[, scale]), not " +
+                        py::repr(item).cast<std::string>());
+    FeatureIntervention iv;
+    iv.layer = t[0].cast<int64_t>();
+    iv.pos = t[1].cast<int64_t>();
+    iv.feature = t[2].cast<int64_t>();
+    iv.value = t[3].cast<double>();
+    iv.scale = t.size() == 5 && t[4].cast<bool>();
+    ivs.push_back(iv);
+  }
+  return ivs;
+}
+
+std::shared_ptr<CausalLM> causal_lm(std::shared_ptr<Module> model, const char* what) {
+  auto lm = std::dynamic_pointer_cast<CausalLM>(model);
+  if (!lm) throw ConfigError(std::string(what) + ": the model is not a causal language model of flexmodel's");
+  return lm;
+}
+
+}  // namespace
+
 void bind_attribution(py::module_& m) {
   auto a = m.def_submodule("attribution", "Attribution graphs through transcoders (flex/sae/attribution.h)");
   a.def(
@@ -79,38 +117,30 @@ void bind_attribution(py::module_& m) {
       "intervene",
       [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,
          bool frozen_attention) {
-        auto lm = std::dynamic_pointer_cast<CausalLM>(model);
-        if (!lm) throw ConfigError("intervene: the model is not a causal language model of flexmodel's");
-        std::vector<std::shared_ptr<SparseDictionary>> tcs;
-        if (py::isinstance<py::str>(transcoders)) {
-          tcs = load_transcoders(transcoders.cast<std::string>(), lm->config().num_hidden_layers);
-        } else {
-          tcs = transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
-        }
-        // Each: "L:P:F=V" / "L:P:F*X", or (layer, pos, feature, value[, scale]).
-        std::vector<FeatureIntervention> ivs;
-        for (const auto& item : interventions) {
-          if (py::isinstance<py::str>(item)) {
-            ivs.push_back(parse_feature_intervention(item.cast<std::string>()));
-            continue;
-          }
-          const auto t = item.cast<py::sequence>();
-          if (t.size() != 4 && t.size() != 5)
-            throw ConfigError("intervene: an intervention is (layer, position, feature, value[, scale]), not " +
-                              py::repr(item).cast<std::string>());
-          FeatureIntervention iv;
-          iv.layer = t[0].cast<int64_t>();
-          iv.pos = t[1].cast<int64_t>();
-          iv.feature = t[2].cast<int64_t>();
-          iv.value = t[3].cast<double>();
-          iv.scale = t.size() == 5 && t[4].cast<bool>();
-          ivs.push_back(iv);
-        }
+        auto lm = causal_lm(model, "intervene");
+        const auto tcs = transcoder_list(*lm, transcoders);
+        const auto ivs = intervention_list(interventions);
         py::gil_scoped_release release;
         return intervene(*lm, tcs, input_ids, ivs, frozen_attention);
       },
       py::arg("model"), py::arg("transcoders"), py::arg("input_ids"), py::arg("interventions"),
       py::arg("frozen_attention"));
+  a.def(
+      "intervene_generate",
+      [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,
+         int64_t max_new_tokens, bool frozen_attention) {
+        auto lm = causal_lm(model, "intervene_generate");
+        const auto tcs = transcoder_list(*lm, transcoders);
+        const auto ivs = intervention_list(interventions);
+        at::Tensor ids, steps;
+        {
+          py::gil_scoped_release release;
+          ids = intervene_generate(*lm, tcs, input_ids, ivs, max_new_tokens, frozen_attention, &steps);
+        }
+        return py::make_tuple(ids, steps);
+      },
+      py::arg("model"), py::arg("transcoders"), py::arg("input_ids"), py::arg("interventions"),
+      py::arg("max_new_tokens"), py::arg("frozen_attention"));
 }
 
 }  // namespace flex::python

@@ -66,22 +66,13 @@ FeatureIntervention parse_feature_intervention(const std::string& text) {
   return iv;
 }
 
-at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
-                     const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
-                     bool frozen_attention) {
-  at::Tensor ids = input_ids;
-  if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
-  if (ids.dim() != 1 || ids.size(0) == 0)
-    throw ShapeError("intervene: input_ids must be one non-empty prompt ([T] or [1, T]), not of shape " +
-                     c10::str(input_ids.sizes()));
-  const int64_t T = ids.size(0);
-  ids = ids.to(at::kLong).unsqueeze(0);
-  const detail::AttributionPlaces places = detail::attribution_places(model);
-  detail::check_transcoders(model, places, transcoders);
-  const int64_t L = static_cast<int64_t>(places.mlps.size());
+namespace {
 
-  // Per layer, (position, feature, value, scale), validated.
-  std::map<int64_t, std::vector<FeatureIntervention>> by_layer;
+// The interventions by layer, validated against a prompt of T tokens.
+std::map<int64_t, std::vector<FeatureIntervention>> by_layer(
+    const std::vector<FeatureIntervention>& interventions, int64_t T, int64_t L,
+    const std::vector<std::shared_ptr<SparseDictionary>>& transcoders) {
+  std::map<int64_t, std::vector<FeatureIntervention>> out;
   for (FeatureIntervention iv : interventions) {
     if (iv.layer < 0 || iv.layer >= L)
       throw ConfigError(describe(iv) + ": layer out of range [0, " + std::to_string(L) + ")");
@@ -93,57 +84,113 @@ at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDi
       throw ConfigError(describe(iv) + ": feature out of range for the layer's transcoder of width " +
                         std::to_string(d_sae) + " (" + transcoders[iv.layer]->config().source + ")");
     iv.pos = pos;
-    by_layer[iv.layer].push_back(iv);
+    out[iv.layer].push_back(iv);
+  }
+  return out;
+}
+
+at::Tensor one_prompt(const at::Tensor& input_ids, const char* what) {
+  at::Tensor ids = input_ids;
+  if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
+  if (ids.dim() != 1 || ids.size(0) == 0)
+    throw ShapeError(std::string(what) + ": input_ids must be one non-empty prompt ([T] or [1, T]), not of shape " +
+                     c10::str(input_ids.sizes()));
+  return ids.to(at::kLong);
+}
+
+// The model with the interventions hooked in while it lives: patterns (when
+// frozen) are the clean run's over the prompt's T positions; later
+// positions (generation) attend afresh, as with circuit-tracer's KV cache.
+class Intervened {
+ public:
+  Intervened(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders, const at::Tensor& ids,
+             const std::vector<FeatureIntervention>& interventions, bool frozen_attention) {
+    const int64_t T = ids.size(0);
+    const detail::AttributionPlaces places = detail::attribution_places(model);
+    detail::check_transcoders(model, places, transcoders);
+    const auto layers = by_layer(interventions, T, static_cast<int64_t>(places.mlps.size()), transcoders);
+    at::NoGradGuard no_grad;
+    if (frozen_attention && !layers.empty()) {
+      // hook_attn_probs runs once per attention module per forward.
+      std::vector<std::shared_ptr<Module>> points;
+      const std::string tail = "hook_attn_probs";
+      for (const auto& [name, module] : model.named_flex_modules())
+        if (name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
+          points.push_back(module);
+      auto patterns = std::make_shared<std::vector<at::Tensor>>(points.size());
+      {
+        Hooks record;
+        for (size_t i = 0; i < points.size(); ++i)
+          record.handles.push_back(points[i]->register_forward_hook(
+              [patterns, i](Module&, const Inputs&, Value& out) { (*patterns)[i] = find_first_tensor(out).clone(); }));
+        model.logits(ids.unsqueeze(0));
+      }
+      for (size_t i = 0; i < points.size(); ++i)
+        hooks_.handles.push_back(points[i]->register_forward_hook([patterns, i, T](Module&, const Inputs&, Value& out) {
+          at::Tensor p = find_first_tensor(out).clone();  // [B, H, T', S']
+          p.narrow(-2, 0, T).narrow(-1, 0, T).copy_((*patterns)[i]);
+          p.narrow(-2, 0, T).narrow(-1, T, p.size(-1) - T).zero_();
+          out = Value(p);
+        }));
+    }
+    for (const auto& [layer, ivs] : layers) {
+      auto t = transcoders[layer];
+      const std::vector<FeatureIntervention> list = ivs;
+      hooks_.handles.push_back(places.mlps[layer]->register_forward_hook([t, list](Module&, const Inputs& in,
+                                                                                   Value& out) {
+        const at::Tensor x = in.tensor(0);  // [B, T, d]
+        at::Tensor y = find_first_tensor(out).clone();
+        const auto dt = x.scalar_type();
+        const at::Tensor b_dec = t->b_dec.detach().to(dt);
+        const at::Tensor W_dec = t->W_dec.detach().to(dt);
+        for (const auto& iv : list) {
+          const at::Tensor xp = x.select(1, iv.pos);  // [B, d]
+          const at::Tensor pre = at::matmul(t->config().apply_b_dec_to_input ? xp - b_dec : xp,
+                                            t->W_enc.detach().to(dt).select(1, iv.feature)) +
+                                 t->b_enc.detach().to(dt)[iv.feature];  // [B]
+          at::Tensor a = at::relu(pre);
+          if (t->config().jump()) a = a * pre.gt(t->threshold.detach().to(dt)[iv.feature]);
+          const at::Tensor target = iv.scale ? a * iv.value : at::full_like(a, iv.value);
+          y.select(1, iv.pos).add_((target - a).unsqueeze(-1) * W_dec[iv.feature]);
+        }
+        out = Value(y);
+      }));
+    }
   }
 
+ private:
+  Hooks hooks_;
+};
+
+}  // namespace
+
+at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                     const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+                     bool frozen_attention) {
+  const at::Tensor ids = one_prompt(input_ids, "intervene");
+  Intervened hooked(model, transcoders, ids, interventions, frozen_attention);
   at::NoGradGuard no_grad;
-  Hooks hooks;
-  if (frozen_attention && !by_layer.empty()) {
-    // The clean run's patterns, replayed in order: hook_attn_probs runs once
-    // per attention module per forward.
-    std::vector<std::shared_ptr<Module>> points;
-    for (const auto& item : model.named_flex_modules()) {
-      const std::string& name = item.first;
-      const std::string tail = "hook_attn_probs";
-      if (name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
-        points.push_back(item.second);
-    }
-    auto patterns = std::make_shared<std::vector<at::Tensor>>(points.size());
-    {
-      Hooks record;
-      for (size_t i = 0; i < points.size(); ++i)
-        record.handles.push_back(points[i]->register_forward_hook(
-            [patterns, i](Module&, const Inputs&, Value& out) { (*patterns)[i] = find_first_tensor(out).clone(); }));
-      model.logits(ids);
-    }
-    for (size_t i = 0; i < points.size(); ++i)
-      hooks.handles.push_back(points[i]->register_forward_hook(
-          [patterns, i](Module&, const Inputs&, Value& out) { out = Value((*patterns)[i]); }));
+  return model.logits(ids.unsqueeze(0))[0];
+}
+
+at::Tensor intervene_generate(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                              const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+                              int64_t max_new_tokens, bool frozen_attention, at::Tensor* step_logits) {
+  if (max_new_tokens < 1) throw ConfigError("intervene_generate: max_new_tokens must be at least 1, not " + std::to_string(max_new_tokens));
+  at::Tensor ids = one_prompt(input_ids, "intervene_generate");
+  const int64_t context = model.config().max_position_embeddings;
+  if (context > 0 && ids.size(0) + max_new_tokens > context)
+    throw ShapeError("intervene_generate: " + std::to_string(ids.size(0)) + " prompt tokens + " +
+                     std::to_string(max_new_tokens) + " new ones exceed the model's context of " + std::to_string(context));
+  Intervened hooked(model, transcoders, ids, interventions, frozen_attention);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> steps;
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    steps.push_back(model.logits(ids.unsqueeze(0))[0][-1]);
+    ids = at::cat({ids, steps.back().argmax().view({1})});
   }
-  for (auto& [layer, ivs] : by_layer) {
-    auto t = transcoders[layer];
-    const std::vector<FeatureIntervention> list = ivs;
-    hooks.handles.push_back(places.mlps[layer]->register_forward_hook([t, list](Module&, const Inputs& in,
-                                                                                Value& out) {
-      const at::Tensor x = in.tensor(0);  // [B, T, d]
-      at::Tensor y = find_first_tensor(out).clone();
-      const auto dt = x.scalar_type();
-      const at::Tensor b_dec = t->b_dec.detach().to(dt);
-      const at::Tensor W_dec = t->W_dec.detach().to(dt);
-      for (const auto& iv : list) {
-        const at::Tensor xp = x.select(1, iv.pos);  // [B, d]
-        const at::Tensor pre =
-            at::matmul(t->config().apply_b_dec_to_input ? xp - b_dec : xp, t->W_enc.detach().to(dt).select(1, iv.feature)) +
-            t->b_enc.detach().to(dt)[iv.feature];  // [B]
-        at::Tensor a = at::relu(pre);
-        if (t->config().jump()) a = a * pre.gt(t->threshold.detach().to(dt)[iv.feature]);
-        const at::Tensor target = iv.scale ? a * iv.value : at::full_like(a, iv.value);
-        y.select(1, iv.pos).add_((target - a).unsqueeze(-1) * W_dec[iv.feature]);
-      }
-      out = Value(y);
-    }));
-  }
-  return model.logits(ids)[0];
+  if (step_logits) *step_logits = at::stack(steps);
+  return ids;
 }
 
 }  // namespace flex

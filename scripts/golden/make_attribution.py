@@ -33,7 +33,13 @@ With --interventions (only this file is written, for each family):
                                   interventions [3, 4] (layer, position, feature, value as
                                   float), clean_logits, frozen_logits, unfrozen_logits [T, V]:
                                   circuit-tracer's feature_intervention with
-                                  freeze_attention True / False on the same prompt
+                                  freeze_attention True / False on the same prompt;
+                                  frozen_generated [T + 5] and frozen_step_logits [5, V]: its
+                                  feature_intervention_generate (greedy, KV cache,
+                                  freeze_attention True) with the first two interventions.
+                                  (With freeze_attention False and token-id input, 0.5.0
+                                  sizes its deltas by the batch dimension and fails: "index 3
+                                  is out of bounds for dimension 0 with size 1".)
 """
 
 import json
@@ -200,15 +206,19 @@ def make(family):
           file=sys.stderr)
 
 
-def make_interventions(family):
+def replacement_model(family):
     cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
     tset, _ = transcoders(cfg.d_model, cfg.n_layers, family)
     model = TransformerLensReplacementModel(cfg)
     model.load_state_dict(weights, strict=False)
     model._configure_replacement_model(tset)
-    prompt = torch.tensor(PROMPTS[family])
     model.tokenizer = IdTokenizer(PROMPTS[family][0])
-    model.eval()
+    return model.eval()
+
+
+def make_interventions(family):
+    model = replacement_model(family)
+    prompt = torch.tensor(PROMPTS[family])
     clean, acts = model.feature_intervention(prompt, [], freeze_attention=False)
     acts = acts.to_dense() if acts.is_sparse else acts  # [L, T, d_sae]
     T = prompt.numel()
@@ -221,7 +231,17 @@ def make_interventions(family):
     ivs = [(0, 3, on3, 0.0), (1, 6, off6, 2.0), (0, T - 1, on_last, 3.0 * float(acts[0, T - 1, on_last]))]
     frozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=True)
     unfrozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=False)
+    generated = {}
+    for name, freeze in (("frozen", True),):
+        # A fresh model; generate() masks pad tokens: none here.
+        gen_model = replacement_model(family)
+        gen_model.tokenizer.pad_token_id = -1
+        ids, step_logits, _ = gen_model.feature_intervention_generate(
+            prompt.unsqueeze(0), ivs[:2], freeze_attention=freeze, max_new_tokens=5, do_sample=False, verbose=False)
+        generated[f"{name}_generated"] = ids.reshape(-1).to(torch.int64).contiguous()
+        generated[f"{name}_step_logits"] = step_logits.float().contiguous()
     out = {
+        **generated,
         "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
         "clean_logits": clean.reshape(T, -1).float().contiguous(),
         "frozen_logits": frozen.reshape(T, -1).float().contiguous(),

@@ -106,3 +106,16 @@ def test_intervention_out_of_range_is_a_config_error(gpt2):
         flexmodel.intervene(gpt2, ATTR / "gpt2-transcoders", torch.arange(1, 8), [(5, 0, 0, 1.0)])
     with pytest.raises(flexmodel.errors.ConfigError, match="LAYER:POS:FEATURE"):
         flexmodel.intervene(gpt2, ATTR / "gpt2-transcoders", torch.arange(1, 8), ["1:2=3"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_generation_equals_circuit_tracers_feature_intervention_generate(family):
+    # Its greedy KV-cached generation with the first two edits and frozen attention (the first
+    # step's patterns the clean run's): the same tokens and each step's logits.
+    gold = load_file(str(ATTR / f"{family}-circuit-tracer-interventions.safetensors"))
+    ids = load_file(str(ATTR / f"{family}-circuit-tracer.safetensors"))["input_ids"]
+    edits = [(int(l), int(p), int(f), v) for l, p, f, v in gold["interventions"].tolist()[:2]]
+    out, steps = flexmodel.intervene_generate(fixture_model(family), ATTR / f"{family}-transcoders", ids, edits, 5)
+    assert torch.equal(out, gold["frozen_generated"])
+    theirs = gold["frozen_step_logits"]
+    assert_close(steps, theirs, 1e-5 * theirs.abs().max().item(), f"{family} step logits")

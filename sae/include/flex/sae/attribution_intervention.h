@@ -44,4 +44,15 @@ at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDi
                      const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                      bool frozen_attention = true);
 
+/// Greedy generation of max_new_tokens after `input_ids` with the
+/// interventions at their prompt positions (circuit-tracer's
+/// feature_intervention_generate without open-ended positions): every step
+/// recomputes the whole sequence; the prompt's positions keep the
+/// intervened (and, frozen, the clean-pattern) values a KV cache would hold,
+/// new positions attend afresh. Returns the ids [T + max_new_tokens];
+/// step_logits, when given, gets each step's last-position logits [n, V].
+at::Tensor intervene_generate(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                              const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+                              int64_t max_new_tokens, bool frozen_attention = true, at::Tensor* step_logits = nullptr);
+
 }  // namespace flex
