@@ -49,6 +49,9 @@ them as the reference the C++ reader is checked against:
                              3's split regex and add_bos_token, pre "llama-bpe")
     vocab.expected.json      the `tokenizers` package's ids (add_special_tokens)
                              and decoding for a set of strings, per file
+  llama-bpe-tiny-q8_0.gguf   a random tied Llama (Q8_0) with the llama-bpe
+    .expected.json           vocabulary, and a prompt's ids, 4 greedy tokens by
+                             Transformers on gguf-py's weights, and their text
   fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -259,11 +262,12 @@ def gguf_to_hf_permute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
+def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
     """`model` as llama.cpp's converter writes it; quantize: Q8_0 where rows are whole blocks.
     Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order).
     arch "llama" permutes q/k rows (LlamaModel.permute); "qwen2" does not (Qwen2Model keeps
-    Transformers' rotate-half layout, llama.cpp runs it with NEOX rope)."""
+    Transformers' rotate-half layout, llama.cpp runs it with NEOX rope). vocab: add_bpe_vocab's
+    arguments after the writer, for a real tokenizer instead of placeholder tokens."""
     permute = arch == "llama"
     w = gguf.GGUFWriter(path, arch)
     back = {}
@@ -287,12 +291,15 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama"):
         w.add_float32(f"{arch}.final_logit_softcapping", cfg.final_logit_softcapping)
     w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
-    w.add_token_scores([0.0] * cfg.vocab_size)
-    w.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if vocab is not None:
+        add_bpe_vocab(w, *vocab)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+        w.add_token_scores([0.0] * cfg.vocab_size)
+        w.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
     per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -612,7 +619,7 @@ def gpt2_prefix_tokenizer(n_merges, llama_bpe):
     return tok, merges
 
 
-def write_vocab_gguf(path, tok, merges, pre, special, add_bos):
+def add_bpe_vocab(w, tok, merges, pre, special, add_bos):
     """What convert_hf_to_gguf's _set_vocab_gpt2 + SpecialVocab write, for a
     byte-level BPE tokenizer: every id up to the largest, missing ones as
     [PAD<id>] UNUSED, special added tokens CONTROL, other added tokens
@@ -629,8 +636,6 @@ def write_vocab_gguf(path, tok, merges, pre, special, add_bos):
             tokens.append(rev[i]); types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
         else:
             tokens.append(rev[i]); types.append(gguf.TokenType.NORMAL)
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("flexmodel gguf vocabulary")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -640,6 +645,12 @@ def write_vocab_gguf(path, tok, merges, pre, special, add_bos):
         getattr(w, f"add_{kind}_token_id")(vocab[name])
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
+
+
+def write_vocab_gguf(path, *vocab):
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("flexmodel gguf vocabulary")
+    add_bpe_vocab(w, *vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -665,6 +676,37 @@ def write_vocab_ggufs():
                           "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
     with open(os.path.join(OUT, "vocab.expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=1)
+
+    # A model with that vocabulary: generate / capture --prompt on the GGUF alone.
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(53)
+    n = l3.get_vocab_size(with_added_tokens=True)
+    cfg = LlamaConfig(vocab_size=n, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=True,
+                      bos_token_id=l3.token_to_id("<|endoftext|>"), eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    back = write_llama_gguf(os.path.join(OUT, "llama-bpe-tiny-q8_0.gguf"), cfg, model, quantize=True,
+                            vocab=(l3, l3m, "llama-bpe", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, True))
+    qm = LlamaForCausalLM(cfg).eval()
+    missing, unexpected = qm.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    qm.tie_weights()
+    prompt = "Hello world, caf\u00e9 12345"
+    ids = l3.encode(prompt).ids
+    out = torch.tensor([ids])
+    with torch.no_grad():  # greedy by hand (no eos: always 4 new tokens)
+        for _ in range(4):
+            nxt = qm(out).logits[0, -1].argmax()
+            out = torch.cat([out, nxt.view(1, 1)], dim=1)
+    all_ids = out[0].tolist()
+    with open(os.path.join(OUT, "llama-bpe-tiny-q8_0.expected.json"), "w", encoding="utf-8") as f:
+        json.dump({"prompt": prompt, "prompt_ids": ids, "ids": all_ids,
+                   "text": l3.decode(all_ids, skip_special_tokens=True)}, f, ensure_ascii=False, indent=1)
 
 
 def main():

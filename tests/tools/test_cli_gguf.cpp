@@ -108,3 +108,23 @@ TEST(CliGguf, FastActivations) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("GGUF"), std::string::npos) << bad.err;
 }
+
+// A GGUF whose only tokenizer is its tokenizer.ggml.* metadata (llama-bpe family,
+// add_bos_token): --prompt is tokenized as the `tokenizers` package tokenizes it,
+// and generate prints the text of Transformers' greedy tokens (make_gguf.py).
+TEST(CliGguf, PromptTokenizedFromTheGgufVocabulary) {
+  const std::string model = data_path("gguf/llama-bpe-tiny-q8_0.gguf");
+  nlohmann::json e;
+  std::ifstream(data_path("gguf/llama-bpe-tiny-q8_0.expected.json")) >> e;
+  const std::string prompt = e["prompt"];
+  flex_test::TempDir tmp;
+  auto c = run({"capture", model, "--prompt", prompt, "--hook", "model.layers.1", "--out", tmp.str("c.safetensors")});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const at::Tensor ids = flex::SafetensorsFile::open(tmp.str("c.safetensors"))->get("input_ids");
+  const std::vector<int64_t> want = e["prompt_ids"];
+  ASSERT_EQ(ids.numel(), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(ids.flatten()[i].item<int64_t>(), want[i]) << "position " << i;
+  auto g = run({"generate", model, "--prompt", prompt, "--max-new-tokens", "4"});
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.out, e["text"].get<std::string>() + "\n");
+}
