@@ -4,6 +4,8 @@
 // create_used_nodes_and_edges / build_model): the same nodes in the same
 // order with the same fields, influences and activations within 1e-4, the
 // same links with weights within 1e-4 (relative, or of the largest weight);
+// --intervene against circuit-tracer's feature_intervention(_generate) logits
+// and tokens (FAMILY-circuit-tracer-interventions.safetensors);
 // and the typed errors: a transcoder whose width does not fit, a prompt
 // longer than the context, thresholds out of range, missing flags.
 #include "cli_util.h"
@@ -12,9 +14,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <flex/dispatch/safetensors.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "test_util.h"
 
@@ -151,4 +156,61 @@ TEST(CliAttribute, TypedErrors) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--input-ids"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.str("g.json")));
+}
+
+// `attribute --intervene`: the printed intervened top tokens and logits are
+// circuit-tracer's feature_intervention's at the last position, frozen and
+// unfrozen; --max-new-tokens continues as its feature_intervention_generate.
+TEST(CliAttribute, InterventionsAreCircuitTracers) {
+  flex_test::TempDir dir;
+  const std::string ids = ids_file(dir, {1, 17, 42, 7, 99, 5, 11, 64, 2, 8});
+  const std::string tc = data("llama-transcoders"), llama = flex_test::fixture("models/llama");
+  auto gold = flex::SafetensorsFile::open(data("llama-circuit-tracer-interventions.safetensors"));
+  const at::Tensor iv = gold->get("interventions");
+  std::vector<std::string> edits;
+  for (int64_t i = 0; i < iv.size(0); ++i) {
+    const auto l = iv[i][0].item<int64_t>(), p = iv[i][1].item<int64_t>(), f = iv[i][2].item<int64_t>();
+    // The last one (at the last position) as a scale of 3, as circuit-tracer's value was made.
+    edits.push_back(i + 1 < iv.size(0) ? std::to_string(l) + ":" + std::to_string(p) + ":" + std::to_string(f) + "=" +
+                                             std::to_string(iv[i][3].item<double>())
+                                       : std::to_string(l) + ":-1:" + std::to_string(f) + "*3");
+  }
+  for (const bool frozen : {true, false}) {
+    std::vector<std::string> argv = {"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--top", "4"};
+    for (const auto& e : edits) argv.insert(argv.end(), {"--intervene", e});
+    if (!frozen) argv.push_back("--unfrozen-attention");
+    const auto r = run(argv);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const at::Tensor theirs = gold->get(frozen ? "frozen_logits" : "unfrozen_logits")[-1];
+    const auto [logit, token] = at::topk(theirs, 4);
+    const size_t line = r.out.find("intervened top tokens:");
+    ASSERT_NE(line, std::string::npos) << r.out;
+    const std::string text = r.out.substr(line, r.out.find('\n', line) - line);
+    const std::regex item("\"([0-9]+)\" \\(p [^,]+, logit ([-0-9.e+]+)\\)");
+    int64_t k = 0;
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), item); m != std::sregex_iterator(); ++m, ++k) {
+      ASSERT_LT(k, 4) << text;
+      EXPECT_EQ(std::stoll((*m)[1]), token[k].item<int64_t>()) << text;
+      EXPECT_NEAR(std::stod((*m)[2]), logit[k].item<double>(), 1e-4 * std::abs(logit[k].item<double>())) << text;
+    }
+    EXPECT_EQ(k, 4) << text;
+  }
+  // Generation with the first two edits, frozen (the golden's).
+  const auto r = run({"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--intervene", edits[0], "--intervene",
+                      edits[1], "--max-new-tokens", "5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const at::Tensor gen = gold->get("frozen_generated");
+  std::string expect;
+  for (int64_t i = gen.size(0) - 5; i < gen.size(0); ++i) expect += (expect.empty() ? "" : " ") + std::to_string(gen[i].item<int64_t>());
+  EXPECT_NE(r.out.find("continuation: \"" + expect + "\""), std::string::npos) << r.out << "\nexpected " << expect;
+  // Bad interventions: typed errors naming them.
+  auto bad = run({"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--intervene", "0:3=1"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("LAYER:POS:FEATURE"), std::string::npos) << bad.err;
+  bad = run({"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--intervene", "2:3:0=1"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("layer 2"), std::string::npos) << bad.err;
+  bad = run({"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--out", dir.str("g.json"), "--unfrozen-attention"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("needs --intervene"), std::string::npos) << bad.err;
 }

@@ -6,6 +6,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
+#include <flex/sae/attribution_intervention.h>
 #include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
@@ -33,6 +34,13 @@ const std::vector<Flag>& attribute_flags() {
         {"--desired-logit-prob", "P", "logit nodes until their cumulative probability reaches P (default 0.95)"},
         {"--max-feature-nodes", "N", "compute rows for at most N features, the most influential first (default: all)"},
         {"--batch-size", "N", "targets per backward pass (default 256)"},
+        {"--intervene", "LAYER:POS:FEATURE=VALUE", "instead of a graph: set (or with *FACTOR scale) a transcoder feature at "
+                                                   "a position (negative: from the end) and print the next-token logits "
+                                                   "before and after (circuit-tracer's feature_intervention)", true},
+        {"--frozen-attention", "", "with --intervene: attention patterns fixed at the clean run's (the default)"},
+        {"--unfrozen-attention", "", "with --intervene: attention patterns recomputed (the normal forward)"},
+        {"--max-new-tokens", "N", "with --intervene: also generate N tokens greedily with the interventions"},
+        {"--top", "N", "with --intervene: how many top tokens to print (default 5)"},
         {"--slug", "NAME", "the graph's name in the viewer (default: the --out file's stem)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
@@ -42,18 +50,55 @@ const std::vector<Flag>& attribute_flags() {
   return flags;
 }
 
+// --intervene: the top next-token logits clean and intervened, and the
+// greedy continuation with --max-new-tokens.
+int print_interventions(const Args& args, CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+                        const at::Tensor& ids, const Tokenizer* tok) {
+  std::vector<FeatureIntervention> ivs;
+  for (const auto& text : args.all("--intervene")) ivs.push_back(parse_feature_intervention(text));
+  const bool frozen = !args.has("--unfrozen-attention");
+  const int64_t top = args.get_int("--top").value_or(5);
+  if (top < 1) throw ConfigError("option --top must be at least 1, not " + std::to_string(top));
+  auto text = [&](int64_t id) { return tok ? tok->decode({id}) : std::to_string(id); };
+  const at::Tensor clean = intervene(model, transcoders, ids, {}, frozen)[-1];
+  const at::Tensor edited = intervene(model, transcoders, ids, ivs, frozen)[-1];
+  std::cout << "interventions (" << (frozen ? "frozen" : "unfrozen") << " attention):";
+  for (const auto& t : args.all("--intervene")) std::cout << " " << t;
+  std::cout << "\n";
+  for (const auto& [name, logits] : {std::pair<const char*, at::Tensor>{"clean", clean}, {"intervened", edited}}) {
+    const at::Tensor p = at::softmax(logits.to(at::kDouble), -1);
+    auto [vals, idx] = at::topk(p, std::min<int64_t>(top, p.size(0)));
+    std::cout << name << " top tokens:";
+    for (int64_t k = 0; k < idx.size(0); ++k)
+      std::cout << " " << nlohmann::json(text(idx[k].item<int64_t>())).dump() << " (p " << vals[k].item<double>()
+                << ", logit " << logits[idx[k].item<int64_t>()].item<double>() << ")";
+    std::cout << "\n";
+  }
+  if (const auto n = args.get_int("--max-new-tokens")) {
+    const at::Tensor out = intervene_generate(model, transcoders, ids, ivs, *n, frozen);
+    std::string cont;
+    for (int64_t i = ids.size(0); i < out.size(0); ++i)
+      cont += (tok || cont.empty() ? "" : " ") + text(out[i].item<int64_t>());
+    std::cout << "continuation: " << nlohmann::json(cont).dump() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_attribute(const std::vector<std::string>& argv) {
   Args args("attribute", attribute_flags(), argv);
   if (args.help()) {
-    std::cout << usage_text("attribute", "MODEL --transcoders DIR --prompt TEXT|--input-ids FILE --out GRAPH.json [options]",
+    std::cout << usage_text("attribute", "MODEL --transcoders DIR --prompt TEXT|--input-ids FILE --out GRAPH.json|--intervene L:P:F=V... [options]",
                             attribute_flags(),
                             "The attribution graph of one prompt (circuit-tracer's): the direct effects between the\n"
                             "active transcoder features, the error nodes, the token embeddings and the most likely\n"
                             "next-token logits in the frozen replacement model (attention patterns and norm\n"
                             "denominators fixed), pruned by influence on the logits, written as the JSON that\n"
-                            "Neuronpedia's graph viewer (and circuit-tracer's local server) opens.");
+                            "Neuronpedia's graph viewer (and circuit-tracer's local server) opens.\n"
+                            "With --intervene (repeated): no graph; the features are set (=VALUE) or scaled\n"
+                            "(*FACTOR) at their positions as circuit-tracer's feature_intervention does, and the\n"
+                            "next-token logits before and after are printed (--max-new-tokens: a greedy continuation).");
     return 0;
   }
   set_log_level(args.get("--log-level"));
@@ -63,7 +108,13 @@ int run_attribute(const std::vector<std::string>& argv) {
   const auto prompt = args.get("--prompt");
   const auto ids_file = args.get("--input-ids");
   if (!tc_dir) throw UsageError("attribute needs --transcoders DIR");
-  if (!out) throw UsageError("attribute needs --out GRAPH.json");
+  const bool intervening = args.has("--intervene");
+  if (!intervening && !out) throw UsageError("attribute needs --out GRAPH.json");
+  if (!intervening)
+    for (const char* f : {"--frozen-attention", "--unfrozen-attention", "--max-new-tokens", "--top"})
+      if (args.has(f)) throw UsageError(std::string(f) + " needs --intervene");
+  if (args.has("--frozen-attention") && args.has("--unfrozen-attention"))
+    throw UsageError("give one of --frozen-attention and --unfrozen-attention");
   if (prompt.has_value() == ids_file.has_value()) throw UsageError("attribute needs one of --prompt TEXT or --input-ids FILE");
   const double node_threshold = args.get_double("--node-threshold").value_or(0.8);
   const double edge_threshold = args.get_double("--edge-threshold").value_or(0.98);
@@ -76,7 +127,7 @@ int run_attribute(const std::vector<std::string>& argv) {
     throw ConfigError("option --max-feature-nodes must be at least 1, not " + std::to_string(o.max_feature_nodes));
   o.batch_size = args.get_int("--batch-size").value_or(o.batch_size);
   require_model_dir(dir);
-  require_writable_file(*out);
+  if (out) require_writable_file(*out);
 
   std::unique_ptr<Tokenizer> tok;
   try {
@@ -100,6 +151,7 @@ int run_attribute(const std::vector<std::string>& argv) {
   }
   auto model = load_model(dir, args);
   const auto transcoders = load_transcoders(*tc_dir, model->config().num_hidden_layers);
+  if (intervening) return print_interventions(args, *model, transcoders, ids, tok.get());
   const AttributionGraph graph = attribute(*model, transcoders, ids, o);
   const PrunedGraph pruned = prune_graph(graph, node_threshold, edge_threshold);
 
