@@ -30,7 +30,8 @@ def capture_dataset(model, dataset, out_dir, hooks, context_len=128, batch_size=
     dataset: a text file (one document per line), JSON Lines (with text_field) or a safetensors file
         of token ids ("input_ids": [tokens] or [documents, tokens]).
     positions: "all", or K tokens drawn per context (seeded by seed and the context number).
-    tokenizer: a folder with the tokenizer (default: the model's folder); token-id corpora need none.
+    tokenizer: a folder with the tokenizer, or a GGUF file (default: the model's folder or GGUF file);
+        token-id corpora need none.
     Resumable: run again on the same out_dir with the same settings, it continues after the last
     complete shard. Returns the counts of this run (contexts, tokens_run, tokens_stored, ...).
     """
@@ -52,7 +53,8 @@ def capture_dataset(model, dataset, out_dir, hooks, context_len=128, batch_size=
     else:
         engine, distributed, source = _C.FlexModel(_engine_module(model)), False, model
     model_dir = source.name_or_path if isinstance(source, PreTrainedModel) else None
-    if tokenizer is None and model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
+    if tokenizer is None and model_dir is not None and (os.path.exists(os.path.join(model_dir, "tokenizer.json"))
+                                                        or os.path.isfile(model_dir)):  # a GGUF: its vocabulary
         tokenizer = model_dir
     describe = {"model": os.path.abspath(model_dir)} if model_dir else {}
     return _C.capture_dataset(engine, None if tokenizer is None else os.fspath(tokenizer), os.fspath(dataset),

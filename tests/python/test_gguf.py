@@ -79,3 +79,20 @@ def test_quantized_gguf_hooks_and_fast_activations():
         assert "GGUF" in str(e)
     else:
         raise AssertionError("no error for fast_activations on a safetensors folder")
+
+
+def test_text_corpus_is_tokenized_with_the_gguf_vocabulary(tmp_path):
+    # llama-bpe-tiny-q8_0.gguf has no tokenizer.json: capture_dataset tokenizes with the
+    # vocabulary in its metadata, giving the `tokenizers` package's ids (make_gguf.py).
+    import json
+    model_path = DATA.parent / "gguf" / "llama-bpe-tiny-q8_0.gguf"
+    expected = json.loads((DATA.parent / "gguf" / "llama-bpe-tiny-q8_0.expected.json").read_text(encoding="utf-8"))
+    want = expected["prompt_ids"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(expected["prompt"] + "\n", encoding="utf-8")
+    model = flexmodel.from_pretrained(model_path)
+    result = flexmodel.capture_dataset(model, corpus, tmp_path / "acts", ["model.layers.1"], context_len=len(want),
+                                       batch_size=1)
+    assert result["tokens_stored"] == len(want) and result["tokens_dropped"] == 0, result
+    batch = next(iter(flexmodel.ActivationDataset(tmp_path / "acts").loader(batch_tokens=len(want))))
+    assert batch["token_ids"].flatten().tolist() == want
