@@ -1,10 +1,13 @@
 // libFuzzer target: the GGUF reader (header, metadata of every value type,
 // tensor infos, offsets) and, for files it accepts, every accessor and the
-// dequantization of small tensors: bad input may only give a typed error.
+// dequantization of small tensors, and the tokenizer of its tokenizer.ggml.*
+// keys (a separate, torch-free metadata parser): bad input may only give a
+// typed error.
 #include "fuzz_util.h"
 
 #include <flex/dispatch/gguf.h>
 #include <flex/kernels/ggml_dequant.h>
+#include <flex/tokenizers/gguf_vocab.h>
 
 #include <ATen/ATen.h>
 
@@ -54,6 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           check(x.numel() == t.numel(), "dequantized size");
         });
     }
+  });
+  guarded([&] {
+    auto tok = flex::load_gguf_tokenizer(path);
+    const auto ids = tok->encode("Hello world, caf\xC3\xA9 12345\n<|endoftext|>");
+    tok->decode(ids);
   });
   return 0;
 }

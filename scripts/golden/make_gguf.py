@@ -52,7 +52,7 @@ them as the reference the C++ reader is checked against:
   llama-bpe-tiny-q8_0.gguf   a random tied Llama (Q8_0) with the llama-bpe
     .expected.json           vocabulary, and a prompt's ids, 4 greedy tokens by
                              Transformers on gguf-py's weights, and their text
-  fuzz/corpus/gguf/*.gguf    small seeds for the fuzz target fuzz/fuzz_gguf.cpp
+  fuzz/corpus/gguf/*.gguf    small seeds (vocab.gguf: vocab-qwen2.gguf's metadata) for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
                              "__tensors__": name -> {"type", "shape"}
@@ -674,6 +674,7 @@ def write_vocab_ggufs():
         ids = [tok.encode(s, add_special_tokens=True).ids for s in VOCAB_STRINGS]
         expected[name] = {"strings": VOCAB_STRINGS, "ids": ids,
                           "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
+    write_vocab_gguf(os.path.join(ROOT, "fuzz", "corpus", "gguf", "vocab.gguf"), *jobs[0][1:])  # a fuzz seed
     with open(os.path.join(OUT, "vocab.expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=1)
 
