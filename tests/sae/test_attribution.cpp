@@ -17,8 +17,13 @@
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
 
+#include <flex/dispatch/safetensors.h>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 
 #include "attribution_reference.h"
 #include "expect_error.h"
@@ -111,8 +116,8 @@ at::Tensor target_rows(const AttributionGraph& g) {
   return at::cat({g.adjacency.narrow(0, 0, S), g.adjacency.narrow(0, N - K, K)}).narrow(1, 0, C);
 }
 
-void check_against_reference(const std::string& name) {
-  auto m = model(name);
+void check_against_reference(const std::string& name, std::shared_ptr<CausalLM> m = nullptr) {
+  if (!m) m = model(name);
   auto tc = transcoders(*m, at::kDouble);
   AttributionOptions o;
   o.batch_size = 7;  // several passes, targets of both layers and logits mixed in one
@@ -178,6 +183,47 @@ void check_against_reference(const std::string& name) {
 
 TEST(Attribution, Gpt2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2"); }
 TEST(Attribution, LlamaEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama"); }
+
+// Qwen3 (q_norm / k_norm inside the attention): a small float64 model
+// written here. Its q/k norms feed only the attention pattern, which the
+// frozen replacement holds constant, so they need no freezing of their own;
+// the reference takes the model's patterns, q/k norms included, and is
+// otherwise Llama's.
+TEST(Attribution, Qwen3EdgesEqualTheFrozenReplacementsDifferences) {
+  flex_test::TempDir dir;
+  const int64_t vocab = 128, hidden = 32, layers = 2, heads = 4, kv = 2, head_dim = 16, inter = 48;
+  at::manual_seed(37);
+  auto lin = [](int64_t out, int64_t in) { return (at::randn({out, in}) / std::sqrt(double(in))).to(at::kDouble); };
+  auto scale = [](int64_t n) { return (1 + 0.2 * at::randn({n})).to(at::kDouble); };
+  std::vector<std::pair<std::string, at::Tensor>> w = {{"model.embed_tokens.weight", (at::randn({vocab, hidden}) * 0.5).to(at::kDouble)},
+                                                       {"lm_head.weight", lin(vocab, hidden)},
+                                                       {"model.norm.weight", scale(hidden)}};
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.push_back({p + "self_attn.q_proj.weight", lin(heads * head_dim, hidden)});
+    w.push_back({p + "self_attn.k_proj.weight", lin(kv * head_dim, hidden)});
+    w.push_back({p + "self_attn.v_proj.weight", lin(kv * head_dim, hidden)});
+    w.push_back({p + "self_attn.o_proj.weight", lin(hidden, heads * head_dim)});
+    w.push_back({p + "self_attn.q_norm.weight", scale(head_dim)});
+    w.push_back({p + "self_attn.k_norm.weight", scale(head_dim)});
+    w.push_back({p + "mlp.gate_proj.weight", lin(inter, hidden)});
+    w.push_back({p + "mlp.up_proj.weight", lin(inter, hidden)});
+    w.push_back({p + "mlp.down_proj.weight", lin(hidden, inter)});
+    w.push_back({p + "input_layernorm.weight", scale(hidden)});
+    w.push_back({p + "post_attention_layernorm.weight", scale(hidden)});
+  }
+  save_safetensors(dir.str() + "/model.safetensors", w, {{"format", "pt"}});
+  const nlohmann::json cfg = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"vocab_size", vocab},
+                              {"hidden_size", hidden}, {"num_hidden_layers", layers}, {"num_attention_heads", heads},
+                              {"num_key_value_heads", kv}, {"head_dim", head_dim}, {"intermediate_size", inter},
+                              {"rms_norm_eps", 1e-6}, {"rope_theta", 1e6}, {"attention_bias", false},
+                              {"tie_word_embeddings", false}, {"use_sliding_window", false},
+                              {"max_position_embeddings", 64}, {"torch_dtype", "float64"}};
+  std::ofstream(dir.str() + "/config.json") << cfg.dump(2);
+  auto m = load_pretrained(dir.str(), at::kDouble);
+  ASSERT_EQ(m->class_name(), "Qwen3ForCausalLM");
+  check_against_reference("qwen3", m);
+}
 
 // The guard alone: values unchanged; with batch_replicas the pattern is
 // computed once ([1, H, T, S] at hook_attn_probs) and every row's output is

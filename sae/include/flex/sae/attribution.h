@@ -27,7 +27,8 @@
 // the sum of its incoming edges plus its bias term.
 //
 // Supported: GPT-2 (GPT2LMHeadModel) and the pre-norm decoder family
-// (Llama, Mistral, Qwen2, Phi-3: DecoderModel without post norms or MoE), on
+// (Llama, Mistral, Qwen2, Qwen3, Phi-3: DecoderModel without post norms or
+// MoE; Qwen3's q/k norms feed only the frozen pattern), on
 // the CPU, one process. Others: UnsupportedError.
 #include <flex/models/causal_lm.h>
 #include <flex/sae/sparse_dictionary.h>
