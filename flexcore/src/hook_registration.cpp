@@ -1,4 +1,5 @@
 #include "flex_model_parts.h"
+#include "installed_hook_type.h"
 
 #include <flex/flexcore/hook_names.h>
 
@@ -144,9 +145,14 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
         throw ConfigError(hook->describe() + ": '" + name + "' names a value (at " + place->module +
                           "), hooked with a forward hook; a " + hook_type_name(type) +
                           " hook goes on a module name");
-      if (distributed())
-        throw UnsupportedError(hook->describe() + ": '" + name + "' is not a module name; under a mesh hook the "
-                               "module it stands for, '" + place->module + "'");
+      // Under a mesh the router gathers the module's value, not a view of this rank's piece (q/k/v split by
+      // heads would be split from a tensor-parallel shard), so only a module's whole output or input is taken.
+      if (distributed() && place->view)
+        throw UnsupportedError(hook->describe() + ": '" + name + "' is a value computed from " + place->module +
+                               (place->input ? "'s input" : "'s output") + " (a view of it), which is not "
+                               "supported under a mesh; names of a module's whole output or input are (e.g. "
+                               "hook_embed, blocks.L.hook_resid_pre/post, hook_attn_out, hook_mlp_out). Hook '" +
+                               place->module + "' and compute the view from its capture, or run in one process");
       installed = place->input ? HookType::ForwardPre : HookType::Forward;
       e->view = place->view;
       e->unview = place->unview;
@@ -176,6 +182,8 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
         h = mod->register_forward_pre_hook([this, weak](Module& m, Inputs& in) {
           auto en = weak.lock();
           if (!en || !en->enabled) return;
+          // (A forward hook by its name when aliased to a module's input: routed as what it sees.)
+          flex_model_detail::InstalledAs routed(*en->hook, HookType::ForwardPre);
           Value args = args_as_value(in);
           Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) {
             return through_view(*en, m, t, [&](const at::Tensor& v) { return process(*en->hook, m, v); });

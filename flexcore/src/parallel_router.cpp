@@ -2,6 +2,8 @@
 #include <flex/flexcore/parallel_router.h>
 #include <flex/hooks/errors.h>
 
+#include "installed_hook_type.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -57,11 +59,11 @@ std::optional<ModuleSharding> ParallelRouter::sharding(const Module& m) const {
 
 bool ParallelRouter::batchless(const HookFunction& hook, const Module& m) const {
   if (!layout_) return false;
-  return hook.type() == HookType::ForwardPre ? layout_->batchless_input(m) : layout_->batchless(m);
+  return flex_model_detail::installed_type(hook) == HookType::ForwardPre ? layout_->batchless_input(m) : layout_->batchless(m);
 }
 
 ShardSpec ParallelRouter::hook_spec(const HookFunction& hook, const Module& m) const {
-  switch (hook.type()) {
+  switch (flex_model_detail::installed_type(hook)) {
     case HookType::Forward: return output_spec(m);
     case HookType::ForwardPre: {
       const auto s = sharding(m);

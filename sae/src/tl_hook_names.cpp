@@ -6,6 +6,7 @@
 #include <flex/hooks/nn.h>
 #include <flex/models/causal_lm.h>
 #include <flex/models/decoder.h>
+#include <flex/models/parallel_lm.h>
 
 #include <ATen/ATen.h>
 
@@ -39,9 +40,12 @@ const char* kUnderstood =
 // TransformerLens's hook_q/k/v: the projection's output (before rotary
 // embedding and any q/k norm) split into heads; k and v with the KV heads.
 HookPointRef qkv_place(Module& model, const std::string& hook_name, const std::string& attn, char which) {
+  // (A model built over a mesh has the heads too, so its refusal of this name says why: decision 38.)
   auto* lm = dynamic_cast<CausalLM*>(&model);
-  if (!lm) throw UnsupportedError("hook '" + hook_name + "': the model is not a causal LM, so its heads are unknown");
-  const ModelConfig& cfg = lm->config();
+  auto* parallel = dynamic_cast<ParallelCausalLM*>(&model);
+  if (!lm && !parallel)
+    throw UnsupportedError("hook '" + hook_name + "': the model is not a causal LM, so its heads are unknown");
+  const ModelConfig& cfg = lm ? lm->config() : parallel->config();
   const int64_t heads = which == 'q' ? cfg.num_attention_heads
                                      : (cfg.num_key_value_heads > 0 ? cfg.num_key_value_heads : cfg.num_attention_heads);
   const std::string proj = attn + "." + which + "_proj";
