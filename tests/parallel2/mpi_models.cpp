@@ -193,7 +193,7 @@ TEST_P(ParallelModels, TransformerLensNamesMatchSingleProcess) {
   flex::install_transformer_lens_names();
   const std::string block1 = a.attn.substr(0, a.attn.rfind('.'));
   const std::vector<std::string> names{"blocks.1.hook_resid_post", "blocks.1.hook_resid_pre", "blocks.0.hook_mlp_out",
-                                       "blocks.0.hook_attn_out"};
+                                       "blocks.0.hook_attn_out", "blocks.0.hook_resid_mid", "hook_embed"};
   std::map<std::string, at::Tensor> expected;
   at::Tensor block_out, block_in;
   if (rank0()) {
