@@ -76,7 +76,7 @@ struct Recorded {
   at::Tensor logits;               // [V] at the last position
 };
 
-Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& ids) {
+Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, const at::Tensor& ids) {
   at::NoGradGuard no_grad;
   FreezeNonlinearities frozen;  // the same arithmetic as the replicated pass
   Recorded r;
@@ -86,13 +86,15 @@ Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& i
   HookHandles hooks;
   hooks.handles.push_back(p.embed->register_forward_hook(
       [&](Module&, const Inputs&, Value& out) { r.embed = find_first_tensor(out)[0]; }));
-  for (size_t l = 0; l < n; ++l)
-    hooks.handles.push_back(p.mlps[l]->register_forward_hook([&r, l](Module&, const Inputs& in, Value& out) {
-      r.x[l] = in.tensor(0)[0];
-      r.out[l] = find_first_tensor(out)[0];
-    }));
+  for (size_t l = 0; l < n; ++l) {
+    hooks.handles.push_back(p.mlps[l]->register_forward_hook(
+        [&r, l](Module&, const Inputs& in, Value&) { r.x[l] = in.tensor(0)[0]; }));
+    hooks.handles.push_back(p.outs[l]->register_forward_hook(
+        [&r, l](Module&, const Inputs&, Value& out) { r.out[l] = find_first_tensor(out)[0]; }));
+  }
   const at::Tensor hidden = find_first_tensor((*p.base)(Inputs{Value(ids)}));
-  r.logits = (*p.lm_head)(hidden.select(1, hidden.size(1) - 1))[0];
+  // The probabilities are the model's (after a final soft cap, Gemma 2's).
+  r.logits = model.finish_logits((*p.lm_head)(hidden.select(1, hidden.size(1) - 1)))[0];
   return r;
 }
 
@@ -125,7 +127,7 @@ ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<T
       r.x[l] = in.tensor(0);
       in.args[0] = Value(r.x[l].detach().narrow(0, 0, 1));
     }));
-    hooks.handles.push_back(p.mlps[l]->register_forward_hook([&r, &tw, l](Module&, const Inputs&, Value& out) {
+    hooks.handles.push_back(p.outs[l]->register_forward_hook([&r, &tw, l](Module&, const Inputs&, Value& out) {
       const at::Tensor o = find_first_tensor(out);  // [1, T, d]
       if (tw[l].W_skip.defined()) {
         const at::Tensor skip = tw[l].skip(r.x[l]);
@@ -266,7 +268,7 @@ AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<Sp
   detail::check_transcoders(model, places, transcoders);
   ParametersWithoutGrad constants(model);
 
-  const Recorded rec = record_attribution_pass(places, ids);
+  const Recorded rec = record_attribution_pass(model, places, ids);
   const at::ScalarType dt = rec.embed.scalar_type();
   const int64_t L = static_cast<int64_t>(places.mlps.size());
   std::vector<TranscoderWeights> tw;

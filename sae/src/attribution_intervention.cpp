@@ -136,9 +136,15 @@ class Intervened {
     for (const auto& [layer, ivs] : layers) {
       auto t = transcoders[layer];
       const std::vector<FeatureIntervention> list = ivs;
-      hooks_.handles.push_back(places.mlps[layer]->register_forward_hook([t, list](Module&, const Inputs& in,
-                                                                                   Value& out) {
-        const at::Tensor x = in.tensor(0);  // [B, T, d]
+      // The MLP's input (what the transcoder reads); the edit lands on the MLP
+      // output place (after Gemma 2's post-MLP norm).
+      auto mlp_input = std::make_shared<at::Tensor>();
+      hooks_.handles.push_back(places.mlps[layer]->register_forward_pre_hook([mlp_input](Module&, Inputs& in) {
+        *mlp_input = in.tensor(0);
+      }));
+      hooks_.handles.push_back(places.outs[layer]->register_forward_hook([t, list, mlp_input](Module&, const Inputs&,
+                                                                                              Value& out) {
+        const at::Tensor x = *mlp_input;  // [B, T, d]
         at::Tensor y = find_first_tensor(out).clone();
         const auto dt = x.scalar_type();
         const at::Tensor b_dec = t->b_dec.detach().to(dt);

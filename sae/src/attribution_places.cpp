@@ -47,16 +47,17 @@ AttributionPlaces attribution_places(CausalLM& model) {
   p.base = model.base_model();
   p.embed = model.input_embeddings();
   p.lm_head = model.output_embeddings();
-  if (auto decoder = std::dynamic_pointer_cast<DecoderModel>(p.base); decoder && decoder->scales_inside_embedding())
-    throw UnsupportedError(who + ": scaled embeddings (Gemma) are not supported yet");
+  // Scaled embeddings (Gemma): the embedding module's output is the scaled
+  // one, so a token node's value and gradient are both taken after the scale.
   const int64_t n = model.config().num_hidden_layers;
   for (int64_t l = 0; l < n; ++l) {
     const std::string block = blocks + "." + std::to_string(l);
     const std::string mlp = block + ".mlp";
-    const std::string norm = blocks == "transformer.h" ? block + ".ln_2" : block + ".post_attention_layernorm";
-    if (attribution_has_module(model, block + ".post_feedforward_layernorm"))
-      throw UnsupportedError(who + ": layer " + std::to_string(l) + " has norms after its MLP (" + block +
-                             ".post_feedforward_layernorm): not supported yet");
+    // Gemma 2: pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm.
+    const bool post_norm = attribution_has_module(model, block + ".post_feedforward_layernorm");
+    const std::string norm = blocks == "transformer.h" ? block + ".ln_2"
+                             : post_norm               ? block + ".pre_feedforward_layernorm"
+                                                       : block + ".post_attention_layernorm";
     if (!attribution_has_module(model, mlp) || !attribution_has_module(model, norm))
       throw UnsupportedError(who + ": layer " + std::to_string(l) + " has no " + mlp + " after " + norm);
     auto m = model.get_submodule(mlp);
@@ -65,6 +66,8 @@ AttributionPlaces attribution_places(CausalLM& model) {
     p.mlp_names.push_back(mlp);
     p.norm_names.push_back(norm);
     p.mlps.push_back(m);
+    p.out_names.push_back(post_norm ? block + ".post_feedforward_layernorm" : mlp);
+    p.outs.push_back(post_norm ? model.get_submodule(block + ".post_feedforward_layernorm") : m);
   }
   return p;
 }
@@ -115,9 +118,9 @@ void check_transcoders(CausalLM& model, const AttributionPlaces& places,
       } catch (const NotFoundError& e) {
         throw ConfigError(who + " writes '" + c.hook_name_out + "', which this model does not have (" + e.what() + ")");
       }
-      if (out.module != places.mlp_names[l] || out.input)
+      if (out.module != places.out_names[l] || out.input)
         throw ConfigError(who + " writes '" + c.hook_name_out + "' but attribution needs layer " + layer +
-                          "'s MLP output (" + places.mlp_names[l] + ", blocks." + layer + ".hook_mlp_out)");
+                          "'s MLP output (" + places.out_names[l] + ", blocks." + layer + ".hook_mlp_out)");
     }
   }
 }

@@ -19,9 +19,14 @@ struct AttributionPlaces {
   std::vector<std::string> mlp_names;   // layer l's MLP module
   std::vector<std::string> norm_names;  // the norm whose output is layer l's MLP input
   std::vector<std::shared_ptr<Module>> mlps;
+  /// The module whose output is layer l's MLP output place: the MLP, or the
+  /// norm after it (Gemma 2's post_feedforward_layernorm, as circuit-tracer's
+  /// hook_mlp_out sits after it): the transcoder stands in for both.
+  std::vector<std::string> out_names;
+  std::vector<std::shared_ptr<Module>> outs;
 };
 
-/// The places of a GPT-2 or pre-norm decoder model; UnsupportedError naming
+/// The places of a GPT-2, pre-norm decoder or Gemma 2 model; UnsupportedError naming
 /// the model class and what is missing otherwise.
 AttributionPlaces attribution_places(CausalLM& model);
 

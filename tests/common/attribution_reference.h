@@ -1,6 +1,7 @@
 #pragma once
-// An independent frozen replacement for the attribution tests: GPT-2 and
-// Llama written out by hand from the model's weights (no module forward, no
+// An independent frozen replacement for the attribution tests: GPT-2, Llama
+// (Qwen3 alike) and Gemma 2 (norms after attention and MLP, (1 + w) norm
+// weights, scaled embeddings, final soft cap) written out by hand from the model's weights (no module forward, no
 // autograd), per-layer transcoders applied by hand. A plain pass records
 // the sources (token embeddings, feature activations, error vectors) and the
 // frozen quantities (attention patterns, from the model's hook_attn_probs
@@ -41,7 +42,9 @@ class AttributionReference {
     at::NoGradGuard ng;
     for (const auto& item : model.named_parameters()) w_[item.key()] = item.value().detach().to(at::kDouble);
     gpt2_ = model.base_model_prefix() == "transformer";
+    gemma2_ = w_.count("model.layers.0.post_feedforward_layernorm.weight") > 0;
     const auto& cfg = model.config();
+    final_cap_ = cfg.final_logit_softcapping;
     L_ = cfg.num_hidden_layers;
     H_ = cfg.num_attention_heads;
     eps_ = cfg.norm_eps;
@@ -76,8 +79,10 @@ class AttributionReference {
     }
     for (auto& h : hs) h.remove();
     embed_weight_ = gpt2_ ? w("transformer.wte.weight") : w("model.embed_tokens.weight");
-    unembed_ = gpt2_ ? w("transformer.wte.weight") : w("lm_head.weight");
+    unembed_ = gpt2_ || !w_.count("lm_head.weight") ? embed_weight_ : w("lm_head.weight");
     sources.embed = embed_weight_.index_select(0, ids);
+    // Gemma scales the embeddings by sqrt(d) (inside flexmodel's embedding module: the token node's value).
+    if (gemma2_) sources.embed = sources.embed * std::sqrt(double(embed_weight_.size(1)));
     run(nullptr);
   }
 
@@ -127,9 +132,10 @@ class AttributionReference {
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
       const at::Tensor a_in = norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv, true);
-      h = h + attention(a_in, l, frozen_patterns ? probs_[l] : gpt2_pattern(a_in, l));
-      const at::Tensor x = norm(h, b + (gpt2_ ? ".ln_2" : ".post_attention_layernorm"), inv, true);
-      at::Tensor out = mlp(x, l);
+      const at::Tensor attn = attention(a_in, l, frozen_patterns ? probs_[l] : gpt2_pattern(a_in, l));
+      h = h + (gemma2_ ? norm(attn, b + ".post_attention_layernorm", inv, true) : attn);
+      const at::Tensor x = norm(h, b + mlp_norm(), inv, true);
+      at::Tensor out = gemma2_ ? norm(mlp(x, l), b + ".post_feedforward_layernorm", inv, true) : mlp(x, l);
       const Tc& t = tc_[l];
       for (const Edit& e : edits) {
         if (e.layer != l) continue;
@@ -142,7 +148,7 @@ class AttributionReference {
       }
       h = h + out;
     }
-    return at::matmul(norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv, true), unembed_.t());
+    return soft_cap(at::matmul(norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv, true), unembed_.t()));
   }
 
   ReferenceSources copy() const {
@@ -159,6 +165,11 @@ class AttributionReference {
   };
 
   at::Tensor w(const std::string& name) const { return w_.at(name); }
+  std::string mlp_norm() const { return gpt2_ ? ".ln_2" : gemma2_ ? ".pre_feedforward_layernorm" : ".post_attention_layernorm"; }
+  // Gemma 2's final soft cap (the model's logits, hence its probabilities).
+  at::Tensor soft_cap(const at::Tensor& logits) const {
+    return final_cap_ > 0 ? at::tanh(logits / final_cap_) * final_cap_ : logits;
+  }
 
   // A norm with its denominator computed on the plain pass and reused frozen.
   at::Tensor norm(const at::Tensor& h, const std::string& prefix, std::map<std::string, at::Tensor>& inv, bool plain) {
@@ -168,6 +179,8 @@ class AttributionReference {
       return c * inv[prefix] * w(prefix + ".weight") + w(prefix + ".bias");
     }
     if (plain) inv[prefix] = at::rsqrt(h.pow(2).mean(-1, true) + eps_);
+    // Gemma's (1 + w), summed in float32 as flexmodel's RMSNorm (and Transformers') sums it.
+    if (gemma2_) return h * inv[prefix] * (w(prefix + ".weight").to(at::kFloat) + 1.0).to(at::kDouble);
     return h * inv[prefix] * w(prefix + ".weight");
   }
 
@@ -213,7 +226,9 @@ class AttributionReference {
     }
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
     const at::Tensor gate = at::matmul(x, w(p + "gate_proj.weight").t());
-    return at::matmul(at::silu(gate) * at::matmul(x, w(p + "up_proj.weight").t()), w(p + "down_proj.weight").t());
+    const at::Tensor act = gemma2_ ? 0.5 * gate * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (gate + 0.044715 * gate.pow(3))))
+                                   : at::silu(gate);
+    return at::matmul(act * at::matmul(x, w(p + "up_proj.weight").t()), w(p + "down_proj.weight").t());
   }
 
   // plain: s == nullptr (records sources and frozen quantities);
@@ -231,8 +246,9 @@ class AttributionReference {
     frozen_pre_.assign(L_, {});
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
-      h = h + attention(norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain), l);
-      const at::Tensor x = norm(h, b + (gpt2_ ? ".ln_2" : ".post_attention_layernorm"), inv_, plain);
+      const at::Tensor attn = attention(norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain), l);
+      h = h + (gemma2_ ? norm(attn, b + ".post_attention_layernorm", inv_, plain) : attn);
+      const at::Tensor x = norm(h, b + mlp_norm(), inv_, plain);
       const Tc& t = tc_[l];
       const at::Tensor p = at::matmul(t.shift ? x - t.b_dec : x, t.W_enc) + t.b_enc;
       const at::Tensor skip = t.W_skip.defined() ? at::matmul(x, t.W_skip.t()) : at::zeros_like(x);
@@ -242,7 +258,8 @@ class AttributionReference {
         at::Tensor a = at::relu(p);
         if (t.threshold.defined()) a = a * p.gt(t.threshold);
         if (zero_first_) a[0].zero_();
-        out = mlp(x, l);
+        // Gemma 2: the transcoder stands in for the MLP and its post norm.
+        out = gemma2_ ? norm(mlp(x, l), b + ".post_feedforward_layernorm", inv_, plain) : mlp(x, l);
         at::Tensor err = out - (at::matmul(a, t.W_dec) + t.b_dec + skip);
         c0_[l] = out[0] - skip[0];
         if (zero_first_) err[0].zero_();
@@ -257,11 +274,12 @@ class AttributionReference {
     }
     const at::Tensor r = norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv_, plain);
     const at::Tensor logits = at::matmul(r[T_ - 1], unembed_.t());
-    if (plain) last_logits = logits;
+    if (plain) last_logits = soft_cap(logits);
     frozen_logits_ = logits;
   }
 
-  bool zero_first_, gpt2_ = false;
+  bool zero_first_, gpt2_ = false, gemma2_ = false;
+  double final_cap_ = 0;
   int64_t L_ = 0, H_ = 0, T_ = 0;
   double eps_ = 1e-5;
   std::map<std::string, at::Tensor> w_, inv_;

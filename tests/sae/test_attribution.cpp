@@ -58,6 +58,9 @@ std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, at
     if (l == 0) {
       c.hook_name = "blocks.0.mlp.hook_in";
       c.hook_name_out = "blocks.0.mlp.hook_out";
+    } else if (m.class_name() == "Gemma2ForCausalLM") {
+      c.hook_name = "model.layers." + ls + ".pre_feedforward_layernorm";
+      c.hook_name_out = "blocks." + ls + ".mlp.hook_out";
     } else {
       c.hook_name = (gpt2 ? "transformer.h." : "model.layers.") + ls + (gpt2 ? ".ln_2" : ".post_attention_layernorm");
       c.hook_name_out = "blocks." + ls + ".hook_mlp_out";
@@ -183,6 +186,13 @@ void check_against_reference(const std::string& name, std::shared_ptr<CausalLM> 
 
 TEST(Attribution, Gpt2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2"); }
 TEST(Attribution, LlamaEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama"); }
+
+// Gemma 2: norms after the attention and the MLP (the transcoder stands in
+// for the MLP and its post norm, as circuit-tracer's hook_mlp_out sits after
+// it), scaled embeddings, soft caps on the scores (inside the frozen pattern)
+// and on the final logits (the probabilities; a logit target is the logit
+// before the cap, as circuit-tracer seeds it), sliding-window layers.
+TEST(Attribution, Gemma2EdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gemma2"); }
 
 // Qwen3 (q_norm / k_norm inside the attention): a small float64 model
 // written here. Its q/k norms feed only the attention pattern, which the

@@ -27,8 +27,11 @@
 // the sum of its incoming edges plus its bias term.
 //
 // Supported: GPT-2 (GPT2LMHeadModel) and the pre-norm decoder family
-// (Llama, Mistral, Qwen2, Qwen3, Phi-3: DecoderModel without post norms or
-// MoE; Qwen3's q/k norms feed only the frozen pattern), on
+// (Llama, Mistral, Qwen2, Qwen3, Phi-3: DecoderModel without MoE; Qwen3's
+// q/k norms feed only the frozen pattern) and Gemma 2 (the transcoder stands
+// in for the MLP and its post norm, as circuit-tracer's hook_mlp_out sits
+// after it; a logit target is the logit before the final soft cap, the
+// probabilities after it), on
 // the CPU, one process. Others: UnsupportedError.
 #include <flex/models/causal_lm.h>
 #include <flex/sae/sparse_dictionary.h>
