@@ -44,6 +44,10 @@ AttributionPlaces attribution_places(CausalLM& model) {
   } else {
     throw UnsupportedError(who + " is neither GPT-2 nor a pre-norm decoder (Llama, Qwen2, Mistral): not supported yet");
   }
+  // Gemma 3 would take Gemma 2's path (its q/k norms feed only the detached
+  // pattern), but no reference checks it yet: refused until one does.
+  if (model.class_name().find("Gemma3") != std::string::npos)
+    throw UnsupportedError(who + ": Gemma 3 is not checked against a reference yet: not supported yet");
   p.base = model.base_model();
   p.embed = model.input_embeddings();
   p.lm_head = model.output_embeddings();

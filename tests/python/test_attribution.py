@@ -119,3 +119,12 @@ def test_generation_equals_circuit_tracers_feature_intervention_generate(family)
     assert torch.equal(out, gold["frozen_generated"])
     theirs = gold["frozen_step_logits"]
     assert_close(steps, theirs, 1e-5 * theirs.abs().max().item(), f"{family} step logits")
+
+
+def test_gemma3_is_refused_until_a_reference_checks_it():
+    # Gemma 3 would take Gemma 2's path, but neither circuit-tracer nor the float64 reference
+    # covers it yet: an UnsupportedError naming the model, not an unchecked graph.
+    m = flexmodel.from_pretrained(DATA.parent / "contract" / "gemma3_text")
+    t = flexmodel.sae.load_sae(ATTR / "gpt2-transcoders" / "layer_0")
+    with pytest.raises(flexmodel.UnsupportedError, match="Gemma3ForCausalLM"):
+        flexmodel.attribute(m, [t] * m.config["num_hidden_layers"], torch.arange(1, 6))
