@@ -410,74 +410,50 @@ MIXED_SCALE = {T.Q4_K: 0.003, T.Q4_0: 0.5, T.Q5_K: 0.0015, T.Q6_K: 0.0005, T.Q4_
                T.Q8_0: 0.05}
 
 
-def write_qwen3_tiny():
+def write_tiny_q8_0(arch, seed, config_class, model_class, tied, check, **config):
+    """A random tiny model of `arch` written as llama.cpp writes it, Q8_0, and the
+    logits Transformers computes on gguf-py's dequantized weights (read back)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(55)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, max_position_embeddings=64, rms_norm_eps=1e-6,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(cfg).eval()
+    torch.manual_seed(seed)
+    cfg = config_class(vocab_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64, tie_word_embeddings=tied, **config)
+    model = model_class(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)
-    back = write_llama_gguf(os.path.join(OUT, "qwen3-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="qwen3")
-    assert any(k.endswith("q_norm.weight") for k in back)
-    q = Qwen3ForCausalLM(cfg).eval()
-    q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
-    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
+    back = write_llama_gguf(os.path.join(OUT, f"{arch}-tiny-q8_0.gguf"), cfg, model, quantize=True, arch=arch)
+    assert any(k.endswith(check) for k in back), check
+    q = model_class(cfg).eval()
+    missing, unexpected = q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=not tied)
+    if tied:
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        q.tie_weights()
+    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])  # longer than Gemma 2's window of 4
     with torch.no_grad():
         logits = q(ids).logits.float()
-    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen3-tiny-q8_0.logits.safetensors"))
+    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, f"{arch}-tiny-q8_0.logits.safetensors"))
 
 
-def write_phi3_tiny():
-    import torch
-    from transformers import Phi3Config, Phi3ForCausalLM
+def write_architecture_tinies():
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-    torch.manual_seed(56)
-    cfg = Phi3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
-                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = Phi3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    back = write_llama_gguf(os.path.join(OUT, "phi3-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="phi3")
-    assert any(k.endswith("qkv_proj.weight") for k in back)
-    q = Phi3ForCausalLM(cfg).eval()
-    q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
-    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
-    with torch.no_grad():
-        logits = q(ids).logits.float()
-    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "phi3-tiny-q8_0.logits.safetensors"))
-
-
-def write_gemma2_tiny():
-    import torch
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    torch.manual_seed(57)
-    cfg = Gemma2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=64,
-                       rms_norm_eps=1e-6, sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = Gemma2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    back = write_llama_gguf(os.path.join(OUT, "gemma2-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="gemma2")
-    q = Gemma2ForCausalLM(cfg).eval()
-    missing, unexpected = q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    q.tie_weights()
-    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])  # longer than the window of 4
-    with torch.no_grad():
-        logits = q(ids).logits.float()
-    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "gemma2-tiny-q8_0.logits.safetensors"))
+    write_tiny_q8_0("qwen2", 53, Qwen2Config, Qwen2ForCausalLM, True, "q_proj.bias", hidden_size=32,
+                    intermediate_size=48, rms_norm_eps=1e-6,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    write_tiny_q8_0("qwen3", 55, Qwen3Config, Qwen3ForCausalLM, False, "q_norm.weight", hidden_size=64,
+                    intermediate_size=96, head_dim=32, rms_norm_eps=1e-6,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    write_tiny_q8_0("phi3", 56, Phi3Config, Phi3ForCausalLM, False, "qkv_proj.weight", hidden_size=64,
+                    intermediate_size=96, rms_norm_eps=1e-5, sliding_window=None,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    write_tiny_q8_0("gemma2", 57, Gemma2Config, Gemma2ForCausalLM, True, "post_feedforward_layernorm.weight",
+                    hidden_size=64, intermediate_size=96, head_dim=32, query_pre_attn_scalar=32, rms_norm_eps=1e-6,
+                    sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def write_llama_mixed(rng):
@@ -555,42 +531,6 @@ def write_llama_mixed(rng):
             out[key + "_logits"] = q(ids).logits.float().numpy()
     assert np.isfinite(out["prefill_logits"]).all() and np.abs(out["prefill_logits"]).max() < 1e3
     save_file(out, os.path.join(OUT, "llama-mixed.logits.safetensors"))
-
-
-def write_qwen2_tiny():
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(53)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    back = write_llama_gguf(os.path.join(OUT, "qwen2-tiny-q8_0.gguf"), cfg, model, quantize=True, arch="qwen2")
-    assert any(k.endswith("q_proj.bias") for k in back)
-    q = Qwen2ForCausalLM(cfg).eval()
-    missing, unexpected = q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    q.tie_weights()
-    ids = torch.tensor([[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]])
-    with torch.no_grad():
-        logits = q(ids).logits.float()
-    save_file({"input_ids": ids.numpy(), "logits": logits.numpy()}, os.path.join(OUT, "qwen2-tiny-q8_0.logits.safetensors"))
-
-
-# --- tokenizer-only GGUFs ---------------------------------------------------
-
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-VOCAB_STRINGS = [
-    "Hello world", "  leading spaces and   gaps  ", "digits 1234567 and 3.14159", "line one\nline two\n\n\nend",
-    "unicode: caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001F642 \u00d1", "it's they're I'll WE'VE", "tabs\tand\r\nCRLF",
-    "<|endoftext|> after a special token", "the <tool_call> added token", "", " ", "a",
-]
 
 
 def gpt2_prefix_tokenizer(n_merges, llama_bpe):
@@ -717,11 +657,8 @@ def main():
     write_fuzz_seeds(rng)
     write_llama_tiny()
     write_vocab_ggufs()
-    write_qwen2_tiny()
     write_llama_mixed(np.random.default_rng(54))
-    write_qwen3_tiny()
-    write_phi3_tiny()
-    write_gemma2_tiny()
+    write_architecture_tinies()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 
