@@ -1,5 +1,6 @@
 #include "flex_model_parts.h"
 #include "installed_hook_type.h"
+#include "view_after_gather.h"
 
 #include <flex/flexcore/hook_names.h>
 
@@ -86,17 +87,21 @@ Value process_leaf(const HookFunction& hook, const Value& v,
 }
 
 // `process` on what an aliased hook sees of `t` (its view), the edit taken back to the module's value.
+// Under a mesh `t` is one rank's piece: the view is handed to `process`, which takes it of the gathered
+// whole value (view_after_gather.h).
 // (A template: FlexModel's Entry is private, and a deduced type is not named.)
 template <typename Entry>
-at::Tensor through_view(const Entry& en, Module& m, const at::Tensor& t,
+at::Tensor through_view(const Entry& en, Module& m, const at::Tensor& t, bool distributed,
                         const std::function<at::Tensor(const at::Tensor&)>& process) {
   if (!en.view) return process(t);
+  if (distributed) {
+    flex_model_detail::ViewAfterGather after_gather(*en.hook, en.view, en.unview);
+    return process(t);
+  }
   const at::Tensor seen = en.view(m, t);
   const at::Tensor edited = process(seen);
   if (edited.is_same(seen)) return t;
-  if (!en.unview)
-    throw UnsupportedError(en.hook->describe() + ": the value under this name is computed from '" + m.class_name() +
-                           "' output or input, not one the model passes on; it can be read, not edited");
+  if (!en.unview) throw flex_model_detail::read_only_view_error(*en.hook, m);
   return en.unview(edited, t);
 }
 
@@ -145,14 +150,6 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
         throw ConfigError(hook->describe() + ": '" + name + "' names a value (at " + place->module +
                           "), hooked with a forward hook; a " + hook_type_name(type) +
                           " hook goes on a module name");
-      // Under a mesh the router gathers the module's value, not a view of this rank's piece (q/k/v split by
-      // heads would be split from a tensor-parallel shard), so only a module's whole output or input is taken.
-      if (distributed() && place->view)
-        throw UnsupportedError(hook->describe() + ": '" + name + "' is a value computed from " + place->module +
-                               (place->input ? "'s input" : "'s output") + " (a view of it), which is not "
-                               "supported under a mesh; names of a module's whole output or input are (e.g. "
-                               "hook_embed, blocks.L.hook_resid_pre/post, hook_attn_out, hook_mlp_out). Hook '" +
-                               place->module + "' and compute the view from its capture, or run in one process");
       installed = place->input ? HookType::ForwardPre : HookType::Forward;
       e->view = place->view;
       e->unview = place->unview;
@@ -174,7 +171,7 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
             return;
           }
           out = process_leaf(*en->hook, out, [&](const at::Tensor& t) {
-            return through_view(*en, m, t, [&](const at::Tensor& v) { return process(*en->hook, m, v); });
+            return through_view(*en, m, t, distributed(), [&](const at::Tensor& v) { return process(*en->hook, m, v); });
           });
         });
         break;
@@ -186,7 +183,7 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
           flex_model_detail::InstalledAs routed(*en->hook, HookType::ForwardPre);
           Value args = args_as_value(in);
           Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) {
-            return through_view(*en, m, t, [&](const at::Tensor& v) { return process(*en->hook, m, v); });
+            return through_view(*en, m, t, distributed(), [&](const at::Tensor& v) { return process(*en->hook, m, v); });
           });
           set_args(in, r);
         });
