@@ -316,6 +316,37 @@ TEST_P(ParallelModels, TransformerLensViewNamesMatchSingleProcess) {
   }
 }
 
+// An edit of a view under a mesh goes back into the whole value before the
+// scatter: the logits and the edited capture equal one process's. A read-only
+// view (a normalised input) refuses an edit when registered.
+TEST_P(ParallelModels, TransformerLensViewEditMatchesSingleProcess) {
+  const Arch& a = archs()[GetParam()];
+  if (a.fixture == "gpt-neox") GTEST_SKIP() << "GPT-NeoX has no attn.hook_v";
+  flex::install_transformer_lens_names();
+  const std::string name = "blocks.0.attn.hook_v";
+  flex::HookFunctionOptions edit;
+  edit.editing_function = ramp_edit(0.5);
+  edit.save_after_edit = true;
+  at::Tensor expected_logits;
+  flex::OutputMap expected;
+  if (rank0()) {
+    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
+    single.register_forward_hook(std::make_shared<flex::HookFunction>(name, edit));
+    expected_logits = single.forward(inputs());
+    expected = single.output();
+  }
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  fm.register_forward_hook(std::make_shared<flex::HookFunction>(name, edit));
+  EXPECT_THROW(fm.register_forward_hook(std::make_shared<flex::HookFunction>("blocks.1.ln2.hook_normalized", edit)),
+               flex::UnsupportedError);
+  at::Tensor logits = fm.forward(inputs());
+  if (!rank0()) return;
+  EXPECT_TRUE(close(logits, expected_logits, a.fixture + " logits with " + name + " edited"));
+  EXPECT_TRUE(close(fm.output().at(name).at(0), expected.at(name).at(0), a.fixture + " edited " + name));
+}
+
 // What stays refused under a mesh is what one process refuses too: GPT-NeoX's
 // q, k and v come from one fused per-head projection, so it has no hook_q.
 TEST_P(ParallelModels, TransformerLensFusedQkvIsRefusedUnderAMesh) {
