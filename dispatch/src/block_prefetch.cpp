@@ -13,6 +13,7 @@
 #include <flex/dispatch/align_devices_hook.h>
 #include <flex/dispatch/big_modeling.h>
 #include <flex/dispatch/block_prefetch.h>
+#include <flex/dispatch/pinned_weights.h>
 #include <flex/dispatch/weights_map.h>
 
 #include <ATen/ATen.h>
@@ -316,6 +317,8 @@ std::shared_ptr<BlockPrefetcher> enable_block_prefetch(Module& model, int depth)
   };
   std::vector<Target> targets;
   std::optional<c10::Device> exec;
+  HostCopies pinned;
+  const HostCopyFn pin = [](const at::Tensor& t) { return t.is_pinned() ? t : t.pin_memory(); };
   for (const auto& [name, m] : model.named_flex_modules()) {
     auto hook = find_hook<AlignDevicesHook>(m->model_hook());
     if (!hook || !hook->options().offload || !hook->options().weights_map) continue;
@@ -331,10 +334,11 @@ std::shared_ptr<BlockPrefetcher> enable_block_prefetch(Module& model, int depth)
     const auto& o = hook->options();
     for (const auto& kv : named_module_tensors(*m, o.offload_buffers, o.place_submodules, true)) {
       BlockPrefetcher::Entry entry{prefix + kv.first, o.weights_map, kv.first, {}};
-      // CPU-resident weights of a CUDA model: pinned once here, copied from there on every use.
+      // CPU-resident weights of a CUDA model: pinned once here, copied from there on every use. The
+      // pinned copy replaces the map's tensor, so the host holds these weights once, not twice.
       if (d.is_cuda() && e->second.is_cpu() && o.weights_map->contains(kv.first)) {
-        at::Tensor t = o.weights_map->get(kv.first);
-        if (t.device().is_cpu() && !t.is_meta()) entry.pinned = t.is_pinned() ? t : t.pin_memory();
+        at::Tensor t = pinned.hold(*o.weights_map, kv.first, pin);
+        if (t.device().is_cpu() && !t.is_meta()) entry.pinned = t;
       }
       blocks[it->second].entries.push_back(std::move(entry));
     }

@@ -25,6 +25,13 @@ at::Tensor StateDictWeights::get(const std::string& name) const {
   return it->second;
 }
 
+bool StateDictWeights::replace(const std::string& name, const at::Tensor& t) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return false;
+  it->second = t;
+  return true;
+}
+
 std::vector<std::string> StateDictWeights::keys() const {
   std::vector<std::string> out;
   for (const auto& kv : tensors_) out.push_back(kv.first);
@@ -82,6 +89,15 @@ at::Tensor OffloadedWeightsLoader::get(const std::string& name) const {
   at::Tensor t = load_offloaded_weight(*save_folder_, n, *e);
   views_[n] = t;
   return t;
+}
+
+bool OffloadedWeightsLoader::replace(const std::string& name, const at::Tensor& t) const {
+  const std::string& n = resolve(name);
+  if (state_dict_->contains(n)) return state_dict_->replace(n, t);
+  auto cached = views_.find(n);
+  if (cached == views_.end()) return false;
+  cached->second = t;
+  return true;
 }
 
 std::vector<std::string> OffloadedWeightsLoader::keys() const {

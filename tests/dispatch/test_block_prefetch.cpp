@@ -6,15 +6,21 @@
 // by Transformers); the reader thread's statistics show it served the
 // blocks; a file missing when the thread reads it surfaces on the calling
 // thread as the loader's typed error naming the file, every time, no hang.
+// The step that keeps a CUDA model's CPU-resident weights pinned once (the
+// copy replaces the map's tensor) runs here with a clone for the pin: every
+// map then returns the copy, the old storages are freed, logits bit-equal.
 #include "../models/golden_util.h"
 
 #include <flex/dispatch/big_modeling.h>
+#include <flex/dispatch/align_devices_hook.h>
 #include <flex/dispatch/block_prefetch.h>
+#include <flex/dispatch/pinned_weights.h>
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
 
 #include <filesystem>
+#include <set>
 
 #include "test_util.h"
 
@@ -127,4 +133,51 @@ TEST(BlockPrefetch, ReadErrorInReaderThreadIsTypedAndNamesTheFile) {
   ASSERT_TRUE(stats.has_value());
   EXPECT_EQ(stats->blocks, 3);
   model.reset();  // joins the reader thread
+}
+
+TEST(BlockPrefetch, HostCopyReplacesTheMapsTensorAndFreesTheOld) {
+  auto model = from_pretrained(models_test::model_dir("llama"));
+  at::NoGradGuard ng;
+  const at::Tensor ids = models_test::golden_inputs();
+  const at::Tensor before = model->logits(ids);
+  cpu_offload(*model);  // every module reads its weights from a state dict behind PrefixedWeights
+  std::vector<std::shared_ptr<const WeightsMap>> maps;
+  for (const auto& [name, m] : model->named_flex_modules()) {
+    auto hook = find_hook<AlignDevicesHook>(m->model_hook());
+    if (hook && hook->options().offload && hook->options().weights_map) maps.push_back(hook->options().weights_map);
+  }
+  ASSERT_FALSE(maps.empty());
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> old;
+  HostCopies copies;
+  int64_t copied = 0;
+  const HostCopyFn clone = [&](const at::Tensor& t) {
+    ++copied;
+    return t.clone();
+  };
+  std::vector<std::pair<std::shared_ptr<const WeightsMap>, std::string>> held;
+  std::set<std::string> names;  // full weight names
+  for (const auto& map : maps)
+    for (const auto& key : map->keys()) {
+      at::Tensor t = map->get(key);
+      if (t.is_meta()) continue;
+      old.emplace_back(t.storage().getWeakStorageImpl());
+      const at::Tensor copy = copies.hold(*map, key, clone);
+      EXPECT_NE(copy.data_ptr(), t.data_ptr()) << key;
+      EXPECT_TRUE(flex_test::equal(copy, t)) << key;
+      EXPECT_EQ(map->get(key).unsafeGetTensorImpl(), copy.unsafeGetTensorImpl()) << key << ": the map still returns the old tensor";
+      held.emplace_back(map, key);
+      if (auto prefixed = std::dynamic_pointer_cast<const PrefixedWeights>(map)) names.insert(prefixed->prefix() + key);
+    }
+  ASSERT_FALSE(held.empty());
+  // Each weight copied once, however many maps (root and submodule prefixes) name it.
+  EXPECT_LE(copied, static_cast<int64_t>(names.size()));
+  // Asked again (another hook naming the same weight): the copy already held, no new copy.
+  const int64_t after_first = copied;
+  const at::Tensor again = copies.hold(*held[0].first, held[0].second, clone);
+  EXPECT_EQ(copied, after_first);
+  EXPECT_EQ(again.unsafeGetTensorImpl(), held[0].first->get(held[0].second).unsafeGetTensorImpl());
+  EXPECT_GT(copied, 0);
+  for (size_t i = 0; i < old.size(); ++i)
+    EXPECT_TRUE(old[i].expired()) << held[i].second << ": the old storage still has an owner (held twice)";
+  EXPECT_TRUE(flex_test::equal(model->logits(ids), before));
 }

@@ -24,6 +24,15 @@ class WeightsMap {
   /// The tensor; NotFoundError naming the key when absent.
   virtual at::Tensor get(const std::string& name) const = 0;
   virtual std::vector<std::string> keys() const = 0;
+  /// Swaps the tensor held for `name` for `t`, a copy with the same values
+  /// (a pinned host copy: design decision 41), dropping the map's reference to
+  /// the old one; the values read do not change, hence const. False where the
+  /// map holds nothing it could swap (the default).
+  virtual bool replace(const std::string& name, const at::Tensor& t) const {
+    (void)name;
+    (void)t;
+    return false;
+  }
 };
 
 /// Tensors held in memory.
@@ -35,9 +44,10 @@ class StateDictWeights : public WeightsMap {
   bool contains(const std::string& name) const override { return tensors_.count(name) > 0; }
   at::Tensor get(const std::string& name) const override;
   std::vector<std::string> keys() const override;
+  bool replace(const std::string& name, const at::Tensor& t) const override;
 
  private:
-  std::map<std::string, at::Tensor> tensors_;
+  mutable std::map<std::string, at::Tensor> tensors_;
 };
 
 /// Accelerate's OffloadedWeightsLoader: an in-memory state dict first, then
@@ -53,6 +63,10 @@ class OffloadedWeightsLoader : public WeightsMap {
   bool contains(const std::string& name) const override;
   at::Tensor get(const std::string& name) const override;
   std::vector<std::string> keys() const override;
+  /// The in-memory state dict's tensor, or a cached view of a safetensors
+  /// file (the view is dropped; the file stays mapped, its pages clean and
+  /// reclaimable). False for `.dat` reads and cast copies (nothing is held).
+  bool replace(const std::string& name, const at::Tensor& t) const override;
 
  private:
   const std::string& resolve(const std::string& name) const;
@@ -72,6 +86,7 @@ class PrefixedWeights : public WeightsMap {
   bool contains(const std::string& name) const override { return base_->contains(prefix_ + name); }
   at::Tensor get(const std::string& name) const override { return base_->get(prefix_ + name); }
   std::vector<std::string> keys() const override;
+  bool replace(const std::string& name, const at::Tensor& t) const override { return base_->replace(prefix_ + name, t); }
   const std::string& prefix() const { return prefix_; }
 
  private:
