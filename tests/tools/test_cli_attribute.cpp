@@ -16,10 +16,14 @@
 
 #include <flex/dispatch/safetensors.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "test_util.h"
 
@@ -213,4 +217,88 @@ TEST(CliAttribute, InterventionsAreCircuitTracers) {
   bad = run({"attribute", llama, "--transcoders", tc, "--input-ids", ids, "--out", dir.str("g.json"), "--unfrozen-attention"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("needs --intervene"), std::string::npos) << bad.err;
+}
+
+// `attribute --html`: the page drawn by headless Chromium has one circle per
+// node and one line per link of the graph file (counted here from the JSON),
+// no script error, a node's tooltip naming its layer and position, and the
+// minimum-weight filter showing the links the JSON says are at or above it.
+TEST(CliAttribute, HtmlPageDrawsTheGraphInChromium) {
+  flex_test::TempDir dir;
+  const std::string out = dir.str("graph.json"), page = dir.str("graph.html");
+  const auto r = run({"attribute", gpt2(), "--transcoders", data("gpt2-transcoders"), "--input-ids", ids_file(dir, kPrompt),
+                      "--out", out, "--html", page, "--batch-size", "16"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json g = read_json(out);
+  std::set<std::string> ids;
+  for (const auto& n : g["nodes"]) ids.insert(n["node_id"].get<std::string>());
+  size_t links = 0;
+  std::vector<double> weights;
+  for (const auto& l : g["links"])
+    if (ids.count(l["source"]) && ids.count(l["target"])) {
+      ++links;
+      weights.push_back(std::abs(l["weight"].get<double>()));
+    }
+  ASSERT_GT(ids.size(), 20u);
+  ASSERT_GT(links, 20u);
+  std::sort(weights.begin(), weights.end());
+  const double cut = weights[weights.size() / 2];  // a weight in the graph: at or above it, half the links or more
+  const size_t at_or_above = weights.end() - std::lower_bound(weights.begin(), weights.end(), cut);
+  const std::string html = cli_test::slurp(page);
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "the page loads something";
+  EXPECT_EQ(html.find("https://"), std::string::npos) << "the page loads something";
+  EXPECT_EQ(html.find("src="), std::string::npos);
+
+  const char* browsers[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"};
+  std::string browser;
+  for (const char* b : browsers)
+    if (fs::exists(b)) browser = b;
+  if (browser.empty()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
+  const std::string flags = " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
+                            " --user-data-dir=" + cli_test::quote(dir.str("profile"));
+  char hash[64];
+  std::snprintf(hash, sizeof hash, "#min-weight=%.17g", cut);
+  const std::string dom = dir.str("dom.html");
+  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --dump-dom " + cli_test::quote("file://" + page + hash) +
+                         " >" + cli_test::quote(dom) + " 2>/dev/null").c_str()),
+            0);
+  const std::string d = cli_test::slurp(dom);
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = d.find(what); at != std::string::npos; at = d.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_NE(d.find("<div id=\"errors\"></div>"), std::string::npos) << "a script error: " << d.substr(d.find("id=\"errors\""), 400);
+  EXPECT_EQ(count("<circle "), ids.size());
+  EXPECT_EQ(count("class=\"edge\""), links);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(d, m, std::regex(R"re(<span id="status"[^>]*>)re")));
+  const std::string status = m[0];
+  EXPECT_NE(status.find("data-nodes=\"" + std::to_string(ids.size()) + "\""), std::string::npos) << status;
+  EXPECT_NE(status.find("data-edges=\"" + std::to_string(links) + "\""), std::string::npos) << status;
+  EXPECT_NE(status.find("data-shown=\"" + std::to_string(at_or_above) + "\""), std::string::npos)
+      << status << " (" << at_or_above << " links of |weight| >= " << cut << ")";
+  EXPECT_LT(at_or_above, links);
+  // A feature node's and the target logit's tooltip (the circle's title) name layer and position.
+  for (const auto& n : g["nodes"]) {
+    const std::string type = n["feature_type"];
+    if (type != "cross layer transcoder" && !(type == "logit" && n["is_target_logit"].get<bool>())) continue;
+    const std::string id = n["node_id"];
+    const size_t at = d.find("data-id=\"" + id + "\"");
+    ASSERT_NE(at, std::string::npos) << id;
+    const size_t t0 = d.find("<title>", at), t1 = d.find("</title>", at);
+    ASSERT_LT(t1, d.find("</circle>", at) + 1) << id;
+    const std::string tip = d.substr(t0, t1 - t0);
+    const std::string layer = type == "logit" ? "logits" : "layer " + n["layer"].get<std::string>();
+    EXPECT_NE(tip.find(layer + ", position " + std::to_string(n["ctx_idx"].get<int64_t>())), std::string::npos) << tip;
+    EXPECT_NE(tip.find(id), std::string::npos) << tip;
+    if (type == "logit") break;
+  }
+  const std::string shot = dir.str("shot.png");
+  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --window-size=1400,440 --screenshot=" +
+                         cli_test::quote(shot) + " " + cli_test::quote("file://" + page) + " >/dev/null 2>&1").c_str()),
+            0);
+  EXPECT_GT(fs::file_size(shot), 20000u) << "a (nearly) blank screenshot";
+  if (const char* keep = std::getenv("FLEX_ATTRIBUTION_SCREENSHOT"))
+    fs::copy_file(shot, keep, fs::copy_options::overwrite_existing);
 }

@@ -1,8 +1,10 @@
 // flexmodel attribute: one prompt's attribution graph through per-layer
 // transcoders (flex/sae/attribution.h), pruned and written as the JSON
 // circuit-tracer writes for Neuronpedia's graph viewer.
+#include "attribution_html.h"
 #include "cli.h"
 
+#include <flex/dispatch/atomic_file.h>
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
@@ -28,6 +30,8 @@ const std::vector<Flag>& attribute_flags() {
         {"--prompt", "TEXT", "the prompt (tokenized with the model folder's tokenizer)"},
         {"--input-ids", "FILE.safetensors", "the prompt as token ids: input_ids [T] or [1, T]"},
         {"--out", "GRAPH.json", "the graph file (Neuronpedia's graph viewer format)"},
+        {"--html", "FILE.html", "also write the graph as one self-contained page (no network): x = position, y = "
+                                "layer, details of a node on hover/click, a minimum |weight| slider"},
         {"--node-threshold", "X", "keep the nodes holding this fraction of the influence on the logits (default 0.8)"},
         {"--edge-threshold", "X", "keep the edges holding this fraction of the influence (default 0.98)"},
         {"--max-n-logits", "N", "at most N logit nodes (default 10)"},
@@ -89,7 +93,7 @@ int print_interventions(const Args& args, CausalLM& model, const std::vector<std
 int run_attribute(const std::vector<std::string>& argv) {
   Args args("attribute", attribute_flags(), argv);
   if (args.help()) {
-    std::cout << usage_text("attribute", "MODEL --transcoders DIR --prompt TEXT|--input-ids FILE --out GRAPH.json|--intervene L:P:F=V... [options]",
+    std::cout << usage_text("attribute", "MODEL --transcoders DIR --prompt TEXT|--input-ids FILE --out GRAPH.json [--html GRAPH.html]|--intervene L:P:F=V... [options]",
                             attribute_flags(),
                             "The attribution graph of one prompt (circuit-tracer's): the direct effects between the\n"
                             "active transcoder features, the error nodes, the token embeddings and the most likely\n"
@@ -111,6 +115,8 @@ int run_attribute(const std::vector<std::string>& argv) {
   const bool intervening = args.has("--intervene");
   if (!intervening && !out) throw UsageError("attribute needs --out GRAPH.json");
   if (!intervening)
+  if (intervening && args.has("--html")) throw UsageError("--html needs a graph (--out), not --intervene");
+  if (!intervening)
     for (const char* f : {"--frozen-attention", "--unfrozen-attention", "--max-new-tokens", "--top"})
       if (args.has(f)) throw UsageError(std::string(f) + " needs --intervene");
   if (args.has("--frozen-attention") && args.has("--unfrozen-attention"))
@@ -128,6 +134,8 @@ int run_attribute(const std::vector<std::string>& argv) {
   o.batch_size = args.get_int("--batch-size").value_or(o.batch_size);
   require_model_dir(dir);
   if (out) require_writable_file(*out);
+  const auto html = args.get("--html");
+  if (html) require_writable_file(*html);
 
   std::unique_ptr<Tokenizer> tok;
   try {
@@ -169,9 +177,11 @@ int run_attribute(const std::vector<std::string>& argv) {
   }
   const nlohmann::json content = graph_json(graph, pruned, info, node_threshold);
   write_json_file(*out, content);
+  if (html) write_file_atomic(*html, render_attribution_html(content));
   std::cout << "attribution graph: " << graph.active_features.size(0) << " active features (" << graph.n_features()
             << " computed), " << graph.logit_tokens.size(0) << " logits, " << graph.n_nodes() << " nodes; kept "
-            << content["nodes"].size() << " nodes and " << content["links"].size() << " links -> " << *out << "\n";
+            << content["nodes"].size() << " nodes and " << content["links"].size() << " links -> " << *out
+            << (html ? " and " + *html : std::string()) << "\n";
   return 0;
 }
 
