@@ -30,7 +30,19 @@ void copy_into_memory(Module& model) {
 }
 }  // namespace
 
+namespace {
+std::shared_ptr<CausalLM> load_any(const std::string& dir, const PretrainedOptions& o);
+}  // namespace
+
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& o) {
+  check_quantize_head(o.quantize_head);
+  std::shared_ptr<CausalLM> model = load_any(dir, o);
+  quantize_output_head(*model, o.quantize_head);
+  return model;
+}
+
+namespace {
+std::shared_ptr<CausalLM> load_any(const std::string& dir, const PretrainedOptions& o) {
   if (is_gguf_file(dir)) return gguf_from_pretrained(dir, o);
   ModelConfig cfg = load_config(dir);
   const Checkpoint stored = Checkpoint::open(dir);
@@ -86,6 +98,7 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   model->eval();
   return model;
 }
+}  // namespace
 
 std::string output_head_name(CausalLM& model) {
   const auto head = model.output_embeddings();

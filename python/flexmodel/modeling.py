@@ -134,7 +134,7 @@ def _engine_module(module):
 
 
 def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,
-                    quantization_config=None, mmap=True, fast_activations=False, prefetch_depth=1):
+                    quantization_config=None, mmap=True, fast_activations=False, prefetch_depth=1, quantize_head="none"):
     """Loads a Hugging Face model folder (config.json + safetensors / .bin, sharded or not).
 
     device_map: None (all on CPU), "auto" / "balanced" / "balanced_low_0" / "sequential",
@@ -147,6 +147,8 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     docs/gguf.md; the CLI's --fast-activations).
     prefetch_depth: offloaded blocks (cpu/disk entries of the map) read ahead by a reader thread while the
     previous block computes (0: off; outputs are bit-equal either way; the CLI's --prefetch-depth).
+    quantize_head: "none" (default), "int8", "nf4", "q8_0" or "q6_k": the output head quantized at load
+    (a tied embedding stays exact; the CLI's --quantize-head; error in docs/gguf.md).
     """
     path = os.fspath(path)
     strategy, explicit = None, None
@@ -157,5 +159,5 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     lm = _C.from_pretrained(path, strategy, explicit, max_memory_json(max_memory),
                             None if offload_folder is None else os.fspath(offload_folder),
                             dtype_name(torch_dtype), quantization(quantization_config), mmap, fast_activations,
-                            int(prefetch_depth))
+                            int(prefetch_depth), str(quantize_head))
     return PreTrainedModel(lm, path)

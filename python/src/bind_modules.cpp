@@ -147,7 +147,8 @@ void bind_modules(py::module_& m) {
       [](const std::string& path, const std::optional<std::string>& strategy,
          const std::optional<std::string>& device_map, const std::optional<std::string>& max_memory,
          const std::optional<std::string>& offload_folder, const std::string& torch_dtype,
-         const py::object& quantization_config, bool mmap, bool fast_activations, int prefetch_depth) {
+         const py::object& quantization_config, bool mmap, bool fast_activations, int prefetch_depth,
+         const std::string& quantize_head) {
         PretrainedOptions o =
             pretrained_options(strategy, device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
         if (fast_activations && !is_gguf_file(path))
@@ -155,12 +156,13 @@ void bind_modules(py::module_& m) {
                             "' is not one");
         o.fast_activations = fast_activations;
         o.prefetch_depth = prefetch_depth;
+        o.quantize_head = quantize_head;
         py::gil_scoped_release nogil;
         return from_pretrained(path, o);
       },
       py::arg("path"), py::arg("strategy"), py::arg("device_map"), py::arg("max_memory"), py::arg("offload_folder"),
       py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"), py::arg("fast_activations") = false,
-      py::arg("prefetch_depth") = 1);
+      py::arg("prefetch_depth") = 1, py::arg("quantize_head") = "none");
 
   m.def("knows_model_type", [](const std::string& model_type) { return find_architecture(model_type) != nullptr; },
         "Whether flexmodel has an architecture for this config.model_type");

@@ -211,6 +211,8 @@ std::vector<Flag> loading_flags() {
       {"--prefetch-depth", "N", "offloaded blocks read ahead while the previous one computes (default 1; 0: off)"},
       {"--dtype", "f32|bf16|f16", "model and output dtype (default f32)"},
       {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
+      {"--quantize-head", "none|int8|nf4|q8_0|q6_k",
+       "quantize the output head at load (default none; the error it adds is in docs/gguf.md)"},
       {"--no-mmap", "", "copy the weights into memory instead of mapping the checkpoint (faster decoding)"},
       {"--fast-activations", "",
        "GGUF files: quantized layers take their inputs as 8 bits per 32 values with integer dot products, as "
@@ -233,6 +235,11 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
   PretrainedOptions o;
   if (auto d = args.get("--dtype")) o.torch_dtype = torch_dtype_name(parse_dtype(*d));
   o.quantization = quantization_option(args);
+  if (auto h = args.get("--quantize-head")) {
+    if (*h != "none" && *h != "int8" && *h != "nf4" && *h != "q8_0" && *h != "q6_k")
+      throw UsageError("option --quantize-head must be none, int8, nf4, q8_0 or q6_k, got '" + *h + "'");
+    o.quantize_head = *h;
+  }
   o.mmap = !args.has("--no-mmap");
   o.fast_activations = args.has("--fast-activations");
   if (o.fast_activations && !is_gguf_file(dir))

@@ -60,6 +60,12 @@ struct PretrainedOptions {
   /// take integer dot products, as llama.cpp does (--fast-activations);
   /// false keeps the inputs in float (faithful captures). docs/gguf.md gives the error.
   bool fast_activations = false;
+  /// The output head quantized at load (--quantize-head): "none" (default:
+  /// the head stays as stored, bitsandbytes' behaviour), "int8", "nf4"
+  /// (bitsandbytes' formats), "q8_0", "q6_k" (ggml blocks). A tied head gets
+  /// its own quantized copy; the input embedding stays exact. docs/gguf.md
+  /// gives the error it adds.
+  std::string quantize_head = "none";
   std::ostream* log = nullptr;
 };
 
@@ -74,5 +80,12 @@ decltype(LoadCheckpointOptions::transform) plan_quantized_layers(CausalLM& model
                                                                  at::ScalarType dtype);
 /// The output head's module name (what quantization skips by default).
 std::string output_head_name(CausalLM& model);
+
+/// ConfigError naming quantize_head (--quantize-head) and the allowed
+/// formats unless `format` is one of them.
+void check_quantize_head(const std::string& format);
+/// Quantizes `model`'s output head in place as `format` (a no-op for
+/// "none"); the layer keeps its module name, class and hooks.
+void quantize_output_head(CausalLM& model, const std::string& format);
 
 }  // namespace flex
