@@ -160,6 +160,16 @@ TEST(CliAttribute, TypedErrors) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--input-ids"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.str("g.json")));
+  // --html: a folder that does not exist is named before any work; no page with --intervene.
+  r = run({"attribute", gpt2(), "--transcoders", tc, "--input-ids", ids, "--out", dir.str("g.json"), "--html",
+           dir.str("none/g.html")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("none"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.str("g.json")));
+  r = run({"attribute", gpt2(), "--transcoders", tc, "--input-ids", ids, "--intervene", "0:3:0=1", "--html", dir.str("g.html")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--html needs a graph"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.str("g.html")));
 }
 
 // `attribute --intervene`: the printed intervened top tokens and logits are

@@ -114,7 +114,6 @@ int run_attribute(const std::vector<std::string>& argv) {
   if (!tc_dir) throw UsageError("attribute needs --transcoders DIR");
   const bool intervening = args.has("--intervene");
   if (!intervening && !out) throw UsageError("attribute needs --out GRAPH.json");
-  if (!intervening)
   if (intervening && args.has("--html")) throw UsageError("--html needs a graph (--out), not --intervene");
   if (!intervening)
     for (const char* f : {"--frozen-attention", "--unfrozen-attention", "--max-new-tokens", "--top"})
