@@ -96,3 +96,25 @@ def test_text_corpus_is_tokenized_with_the_gguf_vocabulary(tmp_path):
     assert result["tokens_stored"] == len(want) and result["tokens_dropped"] == 0, result
     batch = next(iter(flexmodel.ActivationDataset(tmp_path / "acts").loader(batch_tokens=len(want))))
     assert batch["token_ids"].flatten().tolist() == want
+
+
+def test_quantize_head_q8_0_keeps_the_head_hooked_and_near_float():
+    """from_pretrained(..., quantize_head="q8_0") on a safetensors folder: the head stays
+    lm_head (captured by its hook), its logits stay near the float head's with the same
+    greedy tokens (tests/quant/test_quantize_head.cpp checks them against a float64
+    product); an unknown format is a ConfigError naming the option and the allowed formats."""
+    ids = load_file(str(DATA.parent / "gguf" / "llama-tiny.logits.safetensors"))["input_ids"]
+    f_logits, f = captures(flexmodel.from_pretrained(FOLDER), ids)
+    q_model = flexmodel.from_pretrained(FOLDER, quantize_head="q8_0")
+    q_logits, q = captures(q_model, ids)
+    assert "lm_head" in q and "model.norm" in q
+    rel = ((q_logits - f_logits).abs().max() / f_logits.abs().max()).item()
+    print(f"llama-tiny q8_0 head: max|logits - float head| / max|float logits| {rel:.2e}")
+    assert rel < 2e-2, rel
+    assert torch.equal(q_logits.argmax(-1), f_logits.argmax(-1))
+    try:
+        flexmodel.from_pretrained(FOLDER, quantize_head="q4_k")
+    except flexmodel.errors.ConfigError as e:
+        assert "--quantize-head" in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
+    else:
+        raise AssertionError("no error for quantize_head='q4_k'")
