@@ -13,6 +13,7 @@
 #include <flex/models/from_pretrained.h>
 #include <flex/quant/ggml_format.h>
 #include <flex/quant/ggml_quantize.h>
+#include <flex/quant/bnb_config.h>
 #include <flex/quant/weight_formats.h>
 
 #include <ATen/ATen.h>
@@ -201,6 +202,29 @@ TEST(QuantizedHeadQ6K, LogitsMatchFloat64AndErrorIsMeasured) {
   EXPECT_GE(agree, 0.8);
   // 64-wide rows are not whole Q6_K blocks: a ShapeError naming the type.
   EXPECT_THROW(load("llama", "q6_k"), flex::ShapeError);
+}
+
+// A model whose body bitsandbytes quantizes (--quantize int8 / nf4) takes a quantized head too.
+TEST(QuantizedHeadWithQuantizedBody, HeadAndBodyBothQuantized) {
+  const at::Tensor ids = inputs();
+  for (const auto& [body, head] : std::vector<std::pair<std::string, std::string>>{{"int8", "q8_0"}, {"nf4", "int8"}}) {
+    flex::PretrainedOptions o;
+    o.quantization = flex::quantization_from_string(body);
+    auto ref = flex::from_pretrained(flex_test::fixture("models/llama"), o);
+    o.quantize_head = head;
+    auto lm = flex::from_pretrained(flex_test::fixture("models/llama"), o);
+    auto* up = dynamic_cast<flex::DenseLayer*>(lm->get_submodule("model.layers.0.mlp.up_proj").get());
+    EXPECT_EQ(up->class_name(), body == "int8" ? "Linear8bitLt" : "Linear4bit");
+    auto* h = dynamic_cast<flex::DenseLayer*>(lm->get_submodule("lm_head").get());
+    ASSERT_NE(h->weight_format(), nullptr);
+    EXPECT_EQ(h->class_name(), head == "int8" ? "Linear8bitLt" : "Linear");
+    if (head != "int8") check_against_float64(*lm, ids, body + " body, " + head + " head");
+    const at::Tensor a = run(*lm, ids).first, b = run(*ref, ids).first;
+    const double rel = ((a - b).abs().max() / b.abs().max()).item<double>();
+    std::printf("[ head     ] llama %s body, %-5s head: max|logits - float head| / max|float logits| %.2e\n", body.c_str(),
+                head.c_str(), rel);
+    EXPECT_LE(rel, 0.03);
+  }
 }
 
 TEST(QuantizedHeadDefault, NoneLeavesTheModelBitIdentical) {
