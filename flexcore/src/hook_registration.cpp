@@ -155,9 +155,6 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
       e->unview = place->unview;
     }
     std::shared_ptr<Module> mod = module_->get_submodule(place ? place->module : name);  // throws with close names
-    // Refused here under a mesh, not in the forward: ranks of other pipeline stages would wait for it.
-    if (distributed() && place && place->view && !place->unview && hook->options().editing_function)
-      throw flex_model_detail::read_only_view_error(*hook, *mod);
     std::weak_ptr<Module> wmod = mod;
     HookHandle h;
     switch (installed) {

@@ -146,6 +146,7 @@ class FlexModel:
             raise ConfigError("engine='torch' takes a torch.nn.Module; a flexmodel model runs on flexmodel's engine")
         engine_module = _engine_module(module if self._adopted is None else self._adopted)
         self._mesh = None
+        self._parallel_module = None  # the engine's sharded model under a mesh (its TransformerLens names)
         if tensor_parallel_size * pipeline_parallel_size * data_parallel_size != 1:
             # Every rank of the job (mpirun -np tp*pp*dp) loaded the same model; each keeps its slices
             # and the engine's router brings whole activations to rank 0.
@@ -154,6 +155,7 @@ class FlexModel:
                                        "flexmodel.from_pretrained")
             self._mesh = _C.DeviceMesh(tensor_parallel_size, pipeline_parallel_size, data_parallel_size)
             engine_module = _C.parallelize(engine_module, self._mesh)
+            self._parallel_module = engine_module
         self._engine = _C.FlexModel(engine_module)
         if self._mesh is not None:
             self._engine.set_mesh(self._mesh, engine_module)
@@ -402,8 +404,8 @@ class FlexModel:
 
     def _alias_names(self):
         """TransformerLens's hook names the model takes (``fm.blocks[3].hook_resid_post`` in a trace)."""
-        if self._mesh is not None:
-            return []  # under a mesh the engine takes module names only
+        if self._parallel_module is not None:  # the engine resolves them on the sharded model under a mesh
+            return list(_C.sae.transformer_lens_names(self._parallel_module))
         return list(_C.sae.transformer_lens_names(_engine_module(self.module if self._adopted is None
                                                                  else self._adopted)))
 
