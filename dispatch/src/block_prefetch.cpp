@@ -117,6 +117,15 @@ class BlockPrefetcher {
     return read_here(map, name);
   }
 
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> host_weights() {
+    std::map<std::string, std::pair<at::Tensor, at::Tensor>> out;
+    std::lock_guard<std::mutex> g(read_mu_);
+    for (const auto& b : blocks_)
+      for (const auto& e : b.entries)
+        if (e.pinned.defined()) out[e.key] = {e.pinned, e.map->get(e.name)};
+    return out;
+  }
+
   PrefetchStats stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     PrefetchStats s = stats_;
@@ -348,6 +357,16 @@ std::shared_ptr<BlockPrefetcher> enable_block_prefetch(Module& model, int depth)
   auto p = std::make_shared<BlockPrefetcher>(std::move(blocks), depth, *exec);
   for (auto& t : targets) t.hook->options().weights_map = std::make_shared<PrefetchedWeights>(p, t.hook->options().weights_map, t.prefix);
   return p;
+}
+
+std::map<std::string, std::pair<at::Tensor, at::Tensor>> block_prefetch_host_weights(Module& model) {
+  for (const auto& [name, m] : model.named_flex_modules()) {
+    auto hook = find_hook<AlignDevicesHook>(m->model_hook());
+    if (!hook) continue;
+    if (auto w = std::dynamic_pointer_cast<const PrefetchedWeights>(hook->options().weights_map))
+      return w->prefetcher()->host_weights();
+  }
+  return {};
 }
 
 std::optional<PrefetchStats> block_prefetch_stats(Module& model) {

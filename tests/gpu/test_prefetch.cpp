@@ -5,10 +5,13 @@
 // and 2 give logits and captures bit-equal to depth 0, over three forwards
 // (the later ones start on blocks read ahead), and depth 0 is checked against
 // the golden logits; the prefetcher's statistics show it served the blocks.
+// The host holds the CPU-resident weights once: the tensor the weights map
+// returns is the pinned one the prefetcher copies from (one storage).
 #include "../models/golden_util.h"
 #include "gpu_util.h"
 
 #include <flex/dispatch/block_prefetch.h>
+#include <flex/dispatch/pinned_weights.h>
 #include <flex/flexcore/flex_model.h>
 
 #include "test_util.h"
@@ -23,6 +26,8 @@ struct Result {
   std::vector<at::Tensor> logits;
   OutputMap captures;
   std::optional<PrefetchStats> stats;
+  int64_t host_weights = 0;       // CPU-resident weights the prefetcher copies from pinned memory
+  std::string held_twice;         // the first of them whose map tensor is not that pinned storage
 };
 
 Result run(const std::string& dir, const DeviceMap& map, const std::string& offload, int depth,
@@ -33,6 +38,14 @@ Result run(const std::string& dir, const DeviceMap& map, const std::string& offl
   o.prefetch_depth = depth;
   auto model = from_pretrained(dir, o);
   Result r;
+  for (const auto& [key, pair] : block_prefetch_host_weights(*model)) {
+    ++r.host_weights;
+    const at::Tensor& pinned = pair.first;
+    const at::Tensor& in_map = pair.second;
+    const bool once = pinned.is_pinned() && in_map.is_pinned() &&
+                      in_map.storage().unsafeGetStorageImpl() == pinned.storage().unsafeGetStorageImpl();
+    if (!once && r.held_twice.empty()) r.held_twice = key;
+  }
   at::NoGradGuard ng;
   auto out = std::make_shared<OutputMap>();
   {
@@ -71,6 +84,10 @@ TEST_P(PrefetchOnGpu, DepthsBitEqualOverCpuAndDiskBlocks) {
                 static_cast<long long>(r.stats->blocks_prefetched), static_cast<long long>(r.stats->hits),
                 static_cast<long long>(r.stats->misses), static_cast<long long>(r.stats->waits));
     EXPECT_GT(r.stats->hits, 0);
+    if (!gpu_test::dry_run()) {
+      EXPECT_GT(r.host_weights, 0) << "no CPU-resident weight pinned; map " << map.to_json();
+    }
+    EXPECT_TRUE(r.held_twice.empty()) << r.held_twice << ": the weights map still holds an unpinned copy";
     for (size_t i = 0; i < r.logits.size(); ++i)
       EXPECT_TRUE(flex_test::equal(r.logits[i], ref.logits[i])) << "forward " << i;
     for (const auto& n : hooked)

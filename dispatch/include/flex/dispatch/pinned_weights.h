@@ -10,9 +10,12 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace flex {
+
+class Module;
 
 /// Makes the host copy of a weight: pin_memory() for a CUDA device (the
 /// prefetcher); a test injects a clone to run the same path on the CPU.
@@ -35,5 +38,12 @@ class HostCopies {
   std::map<Key, at::Tensor> done_;
   std::set<const void*> copies_;
 };
+
+/// For tests and diagnostics: per full weight name, the pinned host tensor
+/// the prefetcher attached to `model` (enable_block_prefetch) copies a
+/// CPU-resident weight from, and the tensor the weights map now returns for
+/// it: one storage when the host holds the weight once. Empty without a
+/// prefetcher or a CUDA execution device.
+std::map<std::string, std::pair<at::Tensor, at::Tensor>> block_prefetch_host_weights(Module& model);
 
 }  // namespace flex
