@@ -77,4 +77,27 @@ TEST(CliQuantize, UnknownMethodIsAUsageError) {
   EXPECT_NE(r.err.find("--quantize"), std::string::npos) << r.err;
 }
 
+// --quantize-head: capture's logits are the library's model with that head
+// (and lm_head still captured by name); a bad format is a usage error.
+TEST(CliQuantize, QuantizeHeadGivesTheLibrarysModel) {
+  flex_test::TempDir tmp;
+  const std::string model = flex_test::fixture("models/llama");
+  for (const std::string head : {"q8_0", "nf4"}) {
+    auto r = cli_test::run({"capture", model, "--input-ids", kInputs, "--hook", "lm_head", "--quantize-head", head,
+                            "--out", tmp.str(head + ".safetensors")});
+    ASSERT_EQ(r.code, 0) << r.err;
+    flex::PretrainedOptions o;
+    o.quantize_head = head;
+    const at::Tensor expect = flex::from_pretrained(model, o)->logits(inputs());
+    auto f = flex::SafetensorsFile::open(tmp.str(head + ".safetensors"));
+    EXPECT_TRUE(flex_test::equal(f->get("logits"), expect)) << head;
+    EXPECT_FALSE(flex_test::equal(expect, flex::from_pretrained(model)->logits(inputs()))) << head;
+  }
+  auto r = cli_test::run({"capture", model, "--input-ids", kInputs, "--hook", "lm_head", "--quantize-head", "q4_k",
+                          "--out", tmp.str("never.safetensors")});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--quantize-head"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("q6_k"), std::string::npos) << r.err;
+}
+
 }  // namespace
