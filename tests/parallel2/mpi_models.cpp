@@ -156,6 +156,35 @@ TEST_P(ParallelModels, EditsGiveSingleProcessEditedLogits) {
   }
 }
 
+// `names` captured by forward hooks over the mesh and, on rank 0, in one
+// process on the unsharded fixture: {single process, mesh} (empty off rank 0).
+std::pair<flex::OutputMap, flex::OutputMap> capture_single_and_mesh(const Arch& a,
+                                                                    const std::vector<std::string>& names) {
+  flex::OutputMap single_out;
+  if (rank0()) {
+    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
+    for (const auto& n : names) single.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+    single.forward(inputs());
+    single_out = single.output();
+  }
+  auto lm = load(a);
+  flex::FlexModel fm(lm);
+  fm.set_mesh(mesh(), lm->layout());
+  for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
+  fm.forward(inputs());
+  return {single_out, rank0() ? fm.output() : flex::OutputMap()};
+}
+
+// The largest difference and where, printed even when within tolerance (the
+// margin the note reports).
+void print_largest_difference(const std::string& what, const at::Tensor& g, const at::Tensor& e) {
+  if (!g.defined() || g.sizes() != e.sizes()) return;
+  const at::Tensor d = (g.to(at::kDouble) - e.to(at::kDouble)).abs().flatten();
+  const int64_t i = d.argmax().item<int64_t>();
+  std::printf("%s: largest |diff| %.3g at flat index %lld of %s\n", what.c_str(), d[i].item<double>(),
+              static_cast<long long>(i), flex::shape_text(g.sizes()).c_str());
+}
+
 // Hook points are not in the golden files: compare with an unsharded model
 // captured in this program on rank 0.
 TEST_P(ParallelModels, HookPointsMatchSingleProcess) {
@@ -163,22 +192,11 @@ TEST_P(ParallelModels, HookPointsMatchSingleProcess) {
   const std::string block = a.attn.substr(0, a.attn.rfind('.'));
   const std::vector<std::string> names{a.attn + ".hook_attn_probs", a.attn + ".hook_head_out",
                                        block + ".hook_resid_pre", block + ".hook_resid_post"};
-  flex::OutputMap expected;
-  if (rank0()) {
-    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
-    for (const auto& n : names) single.register_forward_hook(std::make_shared<flex::HookFunction>(n));
-    single.forward(inputs());
-    expected = single.output();
-  }
-  auto lm = load(a);
-  flex::FlexModel fm(lm);
-  fm.set_mesh(mesh(), lm->layout());
-  for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
-  fm.forward(inputs());
+  const auto [expected, got] = capture_single_and_mesh(a, names);
   if (!rank0()) return;
   for (const auto& n : names) {
-    ASSERT_EQ(fm.output().count(n), 1u) << n;
-    EXPECT_TRUE(close(fm.output().at(n).at(0), expected.at(n).at(0), a.fixture + " " + n));
+    ASSERT_EQ(got.count(n), 1u) << n;
+    EXPECT_TRUE(close(got.at(n).at(0), expected.at(n).at(0), a.fixture + " " + n));
   }
 }
 
@@ -234,12 +252,7 @@ TEST_P(ParallelModels, TransformerLensNamesMatchSingleProcess) {
   for (const auto& n : names) {
     const at::Tensor g = got(n);
     EXPECT_TRUE(close(g, expected.at(n), a.fixture + " " + n));
-    if (g.defined() && g.sizes() == expected.at(n).sizes()) {  // the margin, reported even when close
-      const at::Tensor d = (g.to(at::kDouble) - expected.at(n).to(at::kDouble)).abs().flatten();
-      const int64_t i = d.argmax().item<int64_t>();
-      std::printf("%s %s: largest |diff| %.3g at flat index %lld of %s\n", a.fixture.c_str(), n.c_str(),
-                  d[i].item<double>(), static_cast<long long>(i), flex::shape_text(g.sizes()).c_str());
-    }
+    print_largest_difference(a.fixture + " " + n, g, expected.at(n));
   }
   EXPECT_TRUE(close(got("blocks.1.hook_resid_post"), block_out, a.fixture + " resid_post vs " + block1 + " output"));
   EXPECT_TRUE(close(got("blocks.1.hook_resid_pre"), block_in, a.fixture + " resid_pre vs " + block1 + " input"));
@@ -289,30 +302,14 @@ TEST_P(ParallelModels, TransformerLensViewNamesMatchSingleProcess) {
   std::vector<std::string> names{"blocks.0.ln1.hook_normalized", "blocks.1.ln2.hook_normalized"};
   if (a.fixture != "gpt-neox")
     for (const char* n : {"blocks.0.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_v"}) names.push_back(n);
-  flex::OutputMap expected;
-  if (rank0()) {
-    flex::FlexModel single(flex::load_pretrained(flex_test::fixture("models/" + a.fixture)));
-    for (const auto& n : names) single.register_forward_hook(std::make_shared<flex::HookFunction>(n));
-    single.forward(inputs());
-    expected = single.output();
-  }
-  auto lm = load(a);
-  flex::FlexModel fm(lm);
-  fm.set_mesh(mesh(), lm->layout());
-  for (const auto& n : names) fm.register_forward_hook(std::make_shared<flex::HookFunction>(n));
-  fm.forward(inputs());
+  const auto [expected, got] = capture_single_and_mesh(a, names);
   if (!rank0()) return;
   for (const auto& n : names) {
-    ASSERT_EQ(fm.output().count(n), 1u) << n << " not captured under its name";
-    const at::Tensor g = fm.output().at(n).at(0);
+    ASSERT_EQ(got.count(n), 1u) << n << " not captured under its name";
+    const at::Tensor g = got.at(n).at(0);
     const at::Tensor e = expected.at(n).at(0);
     EXPECT_TRUE(close(g, e, a.fixture + " " + n + " under " + mesh().describe()));
-    if (g.sizes() == e.sizes()) {  // the margin, reported even when close
-      const at::Tensor d = (g.to(at::kDouble) - e.to(at::kDouble)).abs().flatten();
-      const int64_t i = d.argmax().item<int64_t>();
-      std::printf("%s %s: largest |diff| %.3g at flat index %lld of %s\n", a.fixture.c_str(), n.c_str(),
-                  d[i].item<double>(), static_cast<long long>(i), flex::shape_text(g.sizes()).c_str());
-    }
+    print_largest_difference(a.fixture + " " + n, g, e);
   }
 }
 
