@@ -9,6 +9,7 @@
 // and the typed errors: a transcoder whose width does not fit, a prompt
 // longer than the context, thresholds out of range, missing flags.
 #include "cli_util.h"
+#include "headless_chromium.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -259,25 +260,14 @@ TEST(CliAttribute, HtmlPageDrawsTheGraphInChromium) {
   EXPECT_EQ(html.find("https://"), std::string::npos) << "the page loads something";
   EXPECT_EQ(html.find("src="), std::string::npos);
 
-  const char* browsers[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"};
-  std::string browser;
-  for (const char* b : browsers)
-    if (fs::exists(b)) browser = b;
-  if (browser.empty()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
-  const std::string flags = " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
-                            " --user-data-dir=" + cli_test::quote(dir.str("profile"));
+  const cli_test::HeadlessChromium chromium(dir.str("profile"));
+  if (!chromium.found()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
   char hash[64];
   std::snprintf(hash, sizeof hash, "#min-weight=%.17g", cut);
   const std::string dom = dir.str("dom.html");
-  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --dump-dom " + cli_test::quote("file://" + page + hash) +
-                         " >" + cli_test::quote(dom) + " 2>/dev/null").c_str()),
-            0);
+  ASSERT_EQ(chromium.dump_dom("file://" + page + hash, dom), 0);
   const std::string d = cli_test::slurp(dom);
-  auto count = [&](const std::string& what) {
-    size_t n = 0;
-    for (size_t at = d.find(what); at != std::string::npos; at = d.find(what, at + 1)) ++n;
-    return n;
-  };
+  auto count = [&](const std::string& what) { return cli_test::count_occurrences(d, what); };
   EXPECT_NE(d.find("<div id=\"errors\"></div>"), std::string::npos) << "a script error: " << d.substr(d.find("id=\"errors\""), 400);
   EXPECT_EQ(count("<circle "), ids.size());
   EXPECT_EQ(count("class=\"edge\""), links);
@@ -305,9 +295,7 @@ TEST(CliAttribute, HtmlPageDrawsTheGraphInChromium) {
     if (type == "logit") break;
   }
   const std::string shot = dir.str("shot.png");
-  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --window-size=1400,440 --screenshot=" +
-                         cli_test::quote(shot) + " " + cli_test::quote("file://" + page) + " >/dev/null 2>&1").c_str()),
-            0);
+  ASSERT_EQ(chromium.screenshot("file://" + page, shot, 1400, 440), 0);
   EXPECT_GT(fs::file_size(shot), 20000u) << "a (nearly) blank screenshot";
   if (const char* keep = std::getenv("FLEX_ATTRIBUTION_SCREENSHOT"))
     fs::copy_file(shot, keep, fs::copy_options::overwrite_existing);

@@ -4,6 +4,7 @@
 // every tensor is listed; then the page is opened in headless Chromium: the
 // script draws every head, and a screenshot is not blank.
 #include "cli_util.h"
+#include "headless_chromium.h"
 
 #include <flex/dispatch/safetensors.h>
 #include <flex/models/auto_model.h>
@@ -280,24 +281,14 @@ Image read_png(const std::string& path) {
   return img;
 }
 
-std::string chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
-    if (fs::exists(p)) return p;
-  return "";
-}
-
 TEST(CliReportBrowser, HeadlessChromiumDrawsEveryHeadAndTheScreenshotIsNotBlank) {
-  const std::string browser = chromium();
-  if (browser.empty()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
   auto c = capture_and_report(flex_test::fixture("models/gpt2"));
+  const cli_test::HeadlessChromium chromium(c->dir.str("profile"));
+  if (!chromium.found()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
   const std::string page = "file://" + c->dir.str("report.html");
-  const std::string flags = " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
-                            " --user-data-dir=" + cli_test::quote(c->dir.str("profile"));
   // The DOM after the page's script ran.
   const std::string dom = c->dir.str("dom.html");
-  int rc = std::system(("timeout 120 " + browser + flags + " --dump-dom " + cli_test::quote(page) + " >" +
-                        cli_test::quote(dom) + " 2>/dev/null").c_str());
-  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(chromium.dump_dom(page, dom), 0);
   const std::string html = cli_test::slurp(dom);
   const auto cfg = flex::load_config(flex_test::fixture("models/gpt2"));
   size_t thumbs = 0;
@@ -309,9 +300,7 @@ TEST(CliReportBrowser, HeadlessChromiumDrawsEveryHeadAndTheScreenshotIsNotBlank)
 
   // A screenshot: mostly white is blank; the heatmaps and tables make colour.
   const std::string shot = c->dir.str("shot.png");
-  rc = std::system(("timeout 120 " + browser + flags + " --window-size=1280,1600 --screenshot=" + cli_test::quote(shot) + " " +
-                    cli_test::quote(page) + " >/dev/null 2>&1").c_str());
-  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(chromium.screenshot(page, shot, 1280, 1600), 0);
   const Image img = read_png(shot);
   ASSERT_EQ(img.width, 1280);
   ASSERT_EQ(img.height, 1600);

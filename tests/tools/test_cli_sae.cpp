@@ -8,6 +8,7 @@
 // frequencies, examples sit on the feature's token, the logit effect is the
 // decoder row times the unembedding; the page opens in headless Chromium.
 #include "cli_util.h"
+#include "headless_chromium.h"
 #include "hf_folder.h"
 
 #include <flex/datasets/activation_shards.h>
@@ -309,12 +310,6 @@ nlohmann::json page_data(const std::string& html) {
   return nlohmann::json::parse(m[1].str());
 }
 
-std::string chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
-    if (fs::exists(p)) return p;
-  return "";
-}
-
 TEST(CliFeatures, TokenDetectorsOnTheRunShModelShowTheirTokensAndOpenInChromium) {
   const auto& m = induction();
   flex_test::TempDir dir;
@@ -365,20 +360,12 @@ TEST(CliFeatures, TokenDetectorsOnTheRunShModelShowTheirTokensAndOpenInChromium)
     EXPECT_EQ(f["suppressed"][0]["id"].get<int64_t>(), effect.argmin().item<int64_t>());
   }
 
-  const std::string browser = chromium();
-  if (browser.empty()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
-  const std::string flags = " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars"
-                            " --user-data-dir=" + cli_test::quote(dir.str("profile"));
+  const cli_test::HeadlessChromium chromium(dir.str("profile"));
+  if (!chromium.found()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh --tests installs it)";
   const std::string dom = dir.str("dom.html");
-  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --dump-dom " + cli_test::quote("file://" + page) + " >" +
-                         cli_test::quote(dom) + " 2>/dev/null").c_str()),
-            0);
+  ASSERT_EQ(chromium.dump_dom("file://" + page, dom), 0);
   const std::string d = cli_test::slurp(dom);
-  auto count = [&](const std::string& what) {
-    size_t n = 0;
-    for (size_t at = d.find(what); at != std::string::npos; at = d.find(what, at + 1)) ++n;
-    return n;
-  };
+  auto count = [&](const std::string& what) { return cli_test::count_occurrences(d, what); };
   EXPECT_EQ(count("<section class=\"feature\""), 6u);
   EXPECT_EQ(count("<svg class=\"histogram\""), 6u);
   EXPECT_EQ(count("class=\"logits promoted\""), 6u);
@@ -387,9 +374,7 @@ TEST(CliFeatures, TokenDetectorsOnTheRunShModelShowTheirTokensAndOpenInChromium)
   EXPECT_EQ(count("tok focus"), count("class=\"example\""));
   EXPECT_NE(d.find("id=\"summary-table\""), std::string::npos);
   const std::string shot = dir.str("shot.png");
-  ASSERT_EQ(std::system(("timeout 120 " + browser + flags + " --window-size=1280,1400 --screenshot=" +
-                         cli_test::quote(shot) + " " + cli_test::quote("file://" + page) + " >/dev/null 2>&1").c_str()),
-            0);
+  ASSERT_EQ(chromium.screenshot("file://" + page, shot, 1280, 1400), 0);
   EXPECT_GT(fs::file_size(shot), 20000u) << "a (nearly) blank screenshot";
   if (const char* keep = std::getenv("FLEX_FEATURES_SCREENSHOT")) fs::copy_file(shot, keep, fs::copy_options::overwrite_existing);
 }
