@@ -262,6 +262,19 @@ def gguf_to_hf_permute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def add_decoder_hparams(w, name, cfg, rope_base):
+    """The hyperparameters every decoder GGUF here carries, in the order llama.cpp's converter writes them."""
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(rope_base)
+
+
 def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
     """`model` as llama.cpp's converter writes it; quantize: Q8_0 where rows are whole blocks.
     Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order).
@@ -271,15 +284,7 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
     permute = arch == "llama"
     w = gguf.GGUFWriter(path, arch)
     back = {}
-    w.add_name("llama-tiny")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    add_decoder_hparams(w, "llama-tiny", cfg, cfg.rope_parameters["rope_theta"])
     if arch in ("qwen2", "qwen3"):
         w.add_vocab_size(cfg.vocab_size)
     if arch in ("qwen3", "gemma2"):
@@ -470,15 +475,7 @@ def write_llama_mixed(rng):
             p.normal_(0.0, 0.3)
     path = os.path.join(OUT, "llama-mixed.gguf")
     w = gguf.GGUFWriter(path, "llama")
-    w.add_name("llama-mixed")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(10000.0)
+    add_decoder_hparams(w, "llama-mixed", cfg, 10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     w.add_bos_token_id(1)
@@ -531,6 +528,18 @@ def write_llama_mixed(rng):
             out[key + "_logits"] = q(ids).logits.float().numpy()
     assert np.isfinite(out["prefill_logits"]).all() and np.abs(out["prefill_logits"]).max() < 1e3
     save_file(out, os.path.join(OUT, "llama-mixed.logits.safetensors"))
+
+
+# --- tokenizer-only GGUFs ---------------------------------------------------
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+VOCAB_STRINGS = [
+    "Hello world", "  leading spaces and   gaps  ", "digits 1234567 and 3.14159", "line one\nline two\n\n\nend",
+    "unicode: caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001F642 \u00d1", "it's they're I'll WE'VE", "tabs\tand\r\nCRLF",
+    "<|endoftext|> after a special token", "the <tool_call> added token", "", " ", "a",
+]
 
 
 def gpt2_prefix_tokenizer(n_merges, llama_bpe):
