@@ -1,5 +1,5 @@
 #include "flex_model_parts.h"
-#include "view_after_gather.h"
+#include "alias_in_flight.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
@@ -72,9 +72,9 @@ at::Tensor FlexModel::process_ordered(const HookFunction& hook, Module& module, 
     whole = whole.index_select(0, order.to(whole.device()));
     back = at::argsort(order).to(whole.device());
   }
-  // An aliased view under a mesh is taken of the whole value (view_after_gather.h).
-  const flex_model_detail::ViewAfterGatherState* view = flex_model_detail::view_after_gather(hook);
-  const at::Tensor seen = view ? (*view->view)(module, whole) : whole;
+  // An aliased view under a mesh is taken of the whole value (alias_in_flight.h).
+  const flex_model_detail::AliasInFlight alias = flex_model_detail::alias_of(hook);
+  const at::Tensor seen = alias.view ? (*alias.view)(module, whole) : whole;
   check_expected_shape(hook, seen);
   if (o.save && (!o.save_after_edit || !o.editing_function)) capture(hook, seen);
   if (!o.editing_function) return local;
@@ -84,10 +84,10 @@ at::Tensor FlexModel::process_ordered(const HookFunction& hook, Module& module, 
     throw ShapeError(hook.describe() + ": editing function returned shape " + shape_text(edited.sizes()) +
                      " but the activation has shape " + shape_text(seen.sizes()));
   if (o.save && o.save_after_edit) capture(hook, edited);
-  if (view) {
+  if (alias.view) {
     if (edited.is_same(seen)) return local;
-    if (!view->unview || !*view->unview) throw flex_model_detail::read_only_view_error(hook, module);
-    edited = (*view->unview)(edited, whole);
+    if (!alias.unview || !*alias.unview) throw flex_model_detail::read_only_view_error(hook, module);
+    edited = (*alias.unview)(edited, whole);
   }
   if (back.defined()) edited = edited.index_select(0, back);
   if (!router_) return edited;

@@ -1,6 +1,5 @@
 #include "flex_model_parts.h"
-#include "installed_hook_type.h"
-#include "view_after_gather.h"
+#include "alias_in_flight.h"
 
 #include <flex/flexcore/hook_names.h>
 
@@ -88,14 +87,15 @@ Value process_leaf(const HookFunction& hook, const Value& v,
 
 // `process` on what an aliased hook sees of `t` (its view), the edit taken back to the module's value.
 // Under a mesh `t` is one rank's piece: the view is handed to `process`, which takes it of the gathered
-// whole value (view_after_gather.h).
+// whole value (alias_in_flight.h).
 // (A template: FlexModel's Entry is private, and a deduced type is not named.)
 template <typename Entry>
 at::Tensor through_view(const Entry& en, Module& m, const at::Tensor& t, bool distributed,
                         const std::function<at::Tensor(const at::Tensor&)>& process) {
   if (!en.view) return process(t);
   if (distributed) {
-    flex_model_detail::ViewAfterGather after_gather(*en.hook, en.view, en.unview);
+    flex_model_detail::AliasScope scope(*en.hook);
+    scope.view_after_gather(en.view, en.unview);
     return process(t);
   }
   const at::Tensor seen = en.view(m, t);
@@ -180,7 +180,8 @@ HookHandle FlexModel::register_hook_function(const HookFunctionPtr& hook, HookTy
           auto en = weak.lock();
           if (!en || !en->enabled) return;
           // (A forward hook by its name when aliased to a module's input: routed as what it sees.)
-          flex_model_detail::InstalledAs routed(*en->hook, HookType::ForwardPre);
+          flex_model_detail::AliasScope routed(*en->hook);
+          routed.installed_as_pre_hook();
           Value args = args_as_value(in);
           Value r = process_leaf(*en->hook, args, [&](const at::Tensor& t) {
             return through_view(*en, m, t, distributed(), [&](const at::Tensor& v) { return process(*en->hook, m, v); });

@@ -2,7 +2,7 @@
 #include <flex/flexcore/parallel_router.h>
 #include <flex/hooks/errors.h>
 
-#include "installed_hook_type.h"
+#include "alias_in_flight.h"
 
 #include <ATen/ATen.h>
 
