@@ -1,10 +1,12 @@
 #pragma once
 // Models from GGUF files (llama.cpp's format): the Transformers config
 // rebuilt from the file's metadata, the tensors renamed to Transformers'
-// module names, dequantized to float32 and, for q/k, put back in
-// Transformers' row order (llama.cpp's converter interleaves each head's
-// rotary halves; not for Qwen2 / Qwen3). Architectures: llama (llama.cpp's
-// name for Llama and Mistral), qwen2 and qwen3. from_pretrained("model.gguf")
+// module names, dequantized to float32 and the rewrites of llama.cpp's
+// converter undone (Llama's q/k rows, GPT-NeoX's q|k|v rows, GPT-2's
+// transposed Conv1D weights, Gemma's 1 + w norms, experts stacked in 3-D
+// tensors). Architectures (llama.cpp's names): llama (also Mistral), qwen2,
+// qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3, olmo2, gpt2, gptneox.
+// from_pretrained("model.gguf")
 // comes here; matrices in a quantized ggml type stay in their blocks
 // (flex/quant/ggml_format.h) unless options.gguf_quantized is false.
 #include <flex/models/causal_lm.h>

@@ -1,0 +1,368 @@
+// llama.cpp's architectures as Transformers models: config keys from the
+// `<arch>.*` metadata and tensor names back to Transformers' (gguf_architectures.h).
+#include "gguf_architectures.h"
+
+#include <flex/dispatch/gguf.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/gguf_model.h>
+
+#include <map>
+
+namespace flex {
+
+namespace {
+
+// What differs between the llama.cpp architectures read: the Transformers
+// model, and whether the converter permuted q/k rows (LlamaModel does, for
+// llama.cpp's GPT-J-style rope; the others keep the rotate-half layout, run
+// with NEOX rope).
+struct GgufArch {
+  const char* model_type;
+  const char* causal_lm_class;
+  bool permuted_qk = false;
+  bool norms_plus_one = false;  // Gemma: the converter stored 1 + w for every RMSNorm weight (scaled by (1 + w))
+};
+
+const std::map<std::string, GgufArch>& gguf_archs() {
+  static const std::map<std::string, GgufArch> m = {
+      {"llama", {"llama", "LlamaForCausalLM", true}},
+      {"qwen2", {"qwen2", "Qwen2ForCausalLM"}},
+      {"qwen3", {"qwen3", "Qwen3ForCausalLM"}},  // Qwen2's layout with q/k norms
+      {"phi3", {"phi3", "Phi3ForCausalLM"}},     // fused qkv / gate_up
+      {"gemma2", {"gemma2", "Gemma2ForCausalLM", false, true}},
+      {"gemma3", {"gemma3_text", "Gemma3ForCausalLM", false, true}},
+      {"olmo2", {"olmo2", "Olmo2ForCausalLM"}},
+      {"qwen2moe", {"qwen2_moe", "Qwen2MoeForCausalLM"}},
+      {"qwen3moe", {"qwen3_moe", "Qwen3MoeForCausalLM"}},
+      {"gpt2", {"gpt2", "GPT2LMHeadModel"}},
+      {"gptneox", {"gpt_neox", "GPTNeoXForCausalLM"}},
+  };
+  return m;
+}
+
+const GgufArch* gguf_arch(const std::string& arch) {
+  auto it = gguf_archs().find(arch);
+  return it == gguf_archs().end() ? nullptr : &it->second;
+}
+
+// llama.cpp's per-block tensor names -> Transformers' (the Llama family).
+const std::map<std::string, std::string>& llama_block_names() {
+  static const std::map<std::string, std::string> m = {
+      {"attn_norm", "input_layernorm"},   {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},     {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"},      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
+      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},  // Qwen3's, Gemma 3's, OLMo 2's
+      // Qwen2-MoE / Qwen3-MoE: the router, the shared expert and its sigmoid gate.
+      {"ffn_gate_inp", "mlp.gate"},       {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
+      {"ffn_up_shexp", "mlp.shared_expert.up_proj"}, {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
+      {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},
+  };
+  return m;
+}
+
+// Stacked experts [experts, rows, cols] -> mlp.experts.<e>.<projection>.
+const std::map<std::string, std::string>& expert_names() {
+  static const std::map<std::string, std::string> m = {
+      {"ffn_gate_exps", "gate_proj"}, {"ffn_up_exps", "up_proj"}, {"ffn_down_exps", "down_proj"}};
+  return m;
+}
+
+// Per architecture, the names that differ from llama_block_names.
+const std::map<std::string, std::string>& block_overrides(const std::string& arch) {
+  static const std::map<std::string, std::map<std::string, std::string>> m = {
+      // Phi-3's fused projections: llama.cpp keeps Transformers' fused tensors
+      // (qkv rows q | k | v, gate_up rows gate | up).
+      {"phi3", {{"attn_qkv", "self_attn.qkv_proj"}, {"ffn_up", "mlp.gate_up_proj"}, {"attn_q", ""}, {"attn_k", ""},
+                {"attn_v", ""}, {"ffn_gate", ""}}},
+      // Gemma's four norms per block (its ffn_norm is the pre-feedforward one).
+      {"gemma2", {{"post_attention_norm", "post_attention_layernorm"}, {"ffn_norm", "pre_feedforward_layernorm"},
+                  {"post_ffw_norm", "post_feedforward_layernorm"}}},
+      {"gemma3", {{"post_attention_norm", "post_attention_layernorm"}, {"ffn_norm", "pre_feedforward_layernorm"},
+                  {"post_ffw_norm", "post_feedforward_layernorm"}}},
+      // OLMo 2's norms come after the sublayers only.
+      {"olmo2", {{"post_attention_norm", "post_attention_layernorm"}, {"post_ffw_norm", "post_feedforward_layernorm"},
+                 {"attn_norm", ""}, {"ffn_norm", ""}}},
+      {"gpt2", {{"attn_norm", "ln_1"}, {"attn_qkv", "attn.c_attn"}, {"attn_output", "attn.c_proj"}, {"ffn_norm", "ln_2"},
+                {"ffn_up", "mlp.c_fc"}, {"ffn_down", "mlp.c_proj"}}},
+      {"gptneox", {{"attn_norm", "input_layernorm"}, {"attn_qkv", "attention.query_key_value"},
+                   {"attn_output", "attention.dense"}, {"ffn_norm", "post_attention_layernorm"},
+                   {"ffn_up", "mlp.dense_h_to_4h"}, {"ffn_down", "mlp.dense_4h_to_h"}}},
+  };
+  static const std::map<std::string, std::string> none;
+  auto it = m.find(arch);
+  return it == m.end() ? none : it->second;
+}
+
+// The model's top-level names and its blocks' prefix.
+struct TopNames {
+  const char *embed, *norm, *head, *blocks, *positions;
+};
+TopNames top_names(const std::string& arch) {
+  if (arch == "gpt2") return {"transformer.wte", "transformer.ln_f", "lm_head", "transformer.h.", "transformer.wpe"};
+  if (arch == "gptneox") return {"gpt_neox.embed_in", "gpt_neox.final_layer_norm", "lm_head", "gpt_neox.layers.", ""};
+  return {"model.embed_tokens", "model.norm", "lm_head", "model.layers.", ""};
+}
+
+// llama.cpp's converter stores each head's rows [first half | second half]
+// (Transformers' rotate-half pairs i, i + d/2) as interleaved pairs: row
+// 2i + j of a head is its row i + j * d/2. This puts them back.
+at::Tensor unpermute_rows(const at::Tensor& w, int64_t n_head, const std::string& path, const std::string& name) {
+  const int64_t rows = w.size(0);
+  if (n_head <= 0 || rows % (2 * n_head) != 0)
+    throw FileFormatError("GGUF file " + path + ": tensor '" + name + "' has " + std::to_string(rows) +
+                          " rows, which do not split into " + std::to_string(n_head) + " heads of pairs");
+  std::vector<int64_t> s = {n_head, rows / n_head / 2, 2};
+  for (int64_t d = 1; d < w.dim(); ++d) s.push_back(w.size(d));
+  return w.reshape(s).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+// GPT-NeoX: the converter regrouped query_key_value's rows [head][q|k|v][d]
+// as [q|k|v][head][d] (GPT-2's order); this restores Transformers' order.
+at::Tensor heads_qkv_rows(const at::Tensor& w, int64_t n_head, const std::string& path, const std::string& name) {
+  const int64_t rows = w.size(0);
+  if (n_head <= 0 || rows % (3 * n_head) != 0)
+    throw FileFormatError("GGUF file " + path + ": tensor '" + name + "' has " + std::to_string(rows) +
+                          " rows, which do not split into q, k and v of " + std::to_string(n_head) + " heads");
+  std::vector<int64_t> s = {3, n_head, rows / n_head / 3};
+  for (int64_t d = 1; d < w.dim(); ++d) s.push_back(w.size(d));
+  return w.reshape(s).transpose(0, 1).reshape(w.sizes()).contiguous();
+}
+
+int64_t int_or(const GgufFile& f, const std::string& key, int64_t fallback) {
+  return f.has(key) ? f.get_int(key) : fallback;
+}
+double double_or(const GgufFile& f, const std::string& key, double fallback) {
+  return f.has(key) ? f.get_double(key) : fallback;
+}
+
+std::string supported_list() {
+  std::string s;
+  for (const auto& [name, a] : gguf_archs()) s += (s.empty() ? "'" : ", '") + name + "'";
+  return s;
+}
+
+void vocab_and_ids(const GgufFile& f, const std::string& p, nlohmann::json& c) {
+  if (f.has(p + "vocab_size")) {
+    c["vocab_size"] = f.get_int(p + "vocab_size");
+  } else if (f.has("tokenizer.ggml.tokens")) {
+    c["vocab_size"] = static_cast<int64_t>(f.value("tokenizer.ggml.tokens").size());
+  } else {
+    c["vocab_size"] = f.tensor("token_embd.weight").shape.at(0);
+  }
+  c["tie_word_embeddings"] = !f.contains("output.weight");
+  c["torch_dtype"] = "float32";
+  if (f.has("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
+  if (f.has("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
+}
+
+// GPT-2 and GPT-NeoX: LayerNorm models with their own config field names.
+nlohmann::json layer_norm_config(const GgufFile& f, const std::string& arch) {
+  const std::string p = arch + ".";
+  nlohmann::json c;
+  const int64_t hidden = f.get_int(p + "embedding_length"), heads = f.get_int(p + "attention.head_count");
+  const double eps = f.get_double(p + "attention.layer_norm_epsilon");
+  if (arch == "gpt2") {
+    c["n_embd"] = hidden;
+    c["n_layer"] = f.get_int(p + "block_count");
+    c["n_head"] = heads;
+    c["n_positions"] = f.get_int(p + "context_length");
+    c["n_inner"] = f.get_int(p + "feed_forward_length");
+    c["layer_norm_epsilon"] = eps;
+    c["activation_function"] = "gelu_new";  // llama.cpp's GELU is the tanh approximation
+  } else {
+    c["hidden_size"] = hidden;
+    c["num_hidden_layers"] = f.get_int(p + "block_count");
+    c["num_attention_heads"] = heads;
+    c["intermediate_size"] = f.get_int(p + "feed_forward_length");
+    c["max_position_embeddings"] = f.get_int(p + "context_length");
+    c["layer_norm_eps"] = eps;
+    c["hidden_act"] = "gelu";
+    c["use_parallel_residual"] = f.has(p + "use_parallel_residual") ? f.value(p + "use_parallel_residual").to_bool() : true;
+    const int64_t head_dim = heads > 0 ? hidden / heads : 0;
+    const int64_t rot = f.get_int(p + "rope.dimension_count");
+    if (head_dim <= 0 || rot <= 0 || rot > head_dim)
+      throw FileFormatError("GGUF file " + f.path() + ": metadata key '" + p + "rope.dimension_count' is " +
+                            std::to_string(rot) + "; it must be between 1 and the head size " + std::to_string(head_dim));
+    c["rotary_pct"] = static_cast<double>(rot) / static_cast<double>(head_dim);
+    c["rope_theta"] = double_or(f, p + "rope.freq_base", 10000.0);  // llama.cpp's default when absent
+    c["attention_bias"] = f.contains("blk.0.attn_qkv.bias");
+  }
+  return c;
+}
+
+}  // namespace
+
+nlohmann::json gguf_config_json(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  const GgufArch* a = gguf_arch(arch);
+  if (!a)
+    throw UnsupportedError("GGUF file " + f.path() + ": general.architecture is '" + arch +
+                           "'; flexmodel reads GGUF models of architecture " + supported_list() +
+                           " ('llama' is also Mistral's)");
+  const std::string p = arch + ".";
+  nlohmann::json c;
+  if (arch == "gpt2" || arch == "gptneox") {
+    c = layer_norm_config(f, arch);
+  } else {
+    const int64_t hidden = f.get_int(p + "embedding_length");
+    const int64_t heads = f.get_int(p + "attention.head_count");
+    c["hidden_size"] = hidden;
+    c["num_hidden_layers"] = f.get_int(p + "block_count");
+    c["num_attention_heads"] = heads;
+    c["num_key_value_heads"] = int_or(f, p + "attention.head_count_kv", heads);
+    c["max_position_embeddings"] = f.get_int(p + "context_length");
+    c["rms_norm_eps"] = f.get_double(p + "attention.layer_norm_rms_epsilon");
+    c["rope_theta"] = double_or(f, p + "rope.freq_base", 10000.0);
+    if (heads > 0 && arch != "phi3" && arch != "olmo2")  // their configs have no head_dim (hidden / heads)
+      c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
+    if (f.has(p + "rope.scaling.type")) {
+      const std::string kind = f.get_string(p + "rope.scaling.type");
+      if (kind == "linear") {
+        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", f.get_double(p + "rope.scaling.factor")}};
+      } else if (kind != "none") {
+        throw UnsupportedError("GGUF file " + f.path() + ": metadata key '" + p + "rope.scaling.type' is '" + kind +
+                               "'; only 'linear' and 'none' are read so far");
+      }
+    }
+    c["hidden_act"] = "silu";
+    const bool moe = arch == "qwen2moe" || arch == "qwen3moe";
+    // Dense layers' width; an MoE file may carry only the experts'.
+    c["intermediate_size"] = moe ? int_or(f, p + "feed_forward_length", f.get_int(p + "expert_feed_forward_length"))
+                                 : f.get_int(p + "feed_forward_length");
+    if (arch == "qwen3" || arch == "qwen3moe" || arch == "olmo2" || arch == "gemma3")
+      c["attention_bias"] = f.contains("blk.0.attn_q.bias");
+    if (arch == "phi3" && f.has(p + "attention.sliding_window"))
+      c["sliding_window"] = f.get_int(p + "attention.sliding_window");
+    if (arch == "llama") {  // Qwen2's q/k/v biases are part of its architecture
+      c["attention_bias"] = f.contains("blk.0.attn_q.bias");
+      c["mlp_bias"] = f.contains("blk.0.ffn_up.bias");
+    }
+    if (moe) {
+      c["num_experts"] = f.get_int(p + "expert_count");
+      c["num_experts_per_tok"] = f.get_int(p + "expert_used_count");
+      c["moe_intermediate_size"] = f.get_int(p + "expert_feed_forward_length");
+      // llama.cpp renormalises the chosen experts' weights for qwen3moe, not for qwen2moe.
+      c["norm_topk_prob"] = f.has(p + "expert_weights_norm") ? f.value(p + "expert_weights_norm").to_bool()
+                                                             : arch == "qwen3moe";
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = nlohmann::json::array();
+      if (arch == "qwen2moe")
+        c["shared_expert_intermediate_size"] = f.get_int(p + "expert_shared_feed_forward_length");
+    }
+    if (arch == "gemma2" || arch == "gemma3") {
+      c["hidden_act"] = c["hidden_activation"] = "gelu_pytorch_tanh";
+      const int64_t head_dim = c.value("head_dim", int64_t{256});
+      // Not in the file: llama.cpp scales queries by 1/sqrt(head_dim), or for the
+      // 27B models (Gemma 2: 46 layers, Gemma 3: 62) by 1/sqrt(hidden / heads).
+      const int64_t big = arch == "gemma2" ? 46 : 62;
+      c["query_pre_attn_scalar"] = c["num_hidden_layers"] == big && heads > 0 ? hidden / heads : head_dim;
+      c["sliding_window"] = f.get_int(p + "attention.sliding_window");
+    }
+    if (arch == "gemma2") {
+      c["attn_logit_softcapping"] = f.get_double(p + "attn_logit_softcapping");
+      c["final_logit_softcapping"] = f.get_double(p + "final_logit_softcapping");
+    }
+    if (arch == "gemma3") {
+      // llama.cpp: every 6th layer global, local layers' rope base 10000,
+      // rope.freq_base and any linear scaling for the global layers only.
+      c["sliding_window_pattern"] = 6;
+      c["rope_local_base_freq"] = 10000.0;
+      c["final_logit_softcapping"] = nullptr;
+      c["attn_logit_softcapping"] = nullptr;
+    }
+  }
+  c["model_type"] = a->model_type;
+  c["architectures"] = {a->causal_lm_class};
+  vocab_and_ids(f, p, c);
+  return c;
+}
+
+namespace gguf_detail {
+
+GgufLayout::GgufLayout(const GgufFile& f) : arch_(f.get_string("general.architecture")), config_(gguf_config_json(f)) {
+  const GgufArch* a = gguf_arch(arch_);
+  permuted_qk_ = a->permuted_qk;
+  norms_plus_one_ = a->norms_plus_one;
+  heads_ = config_.contains("n_head") ? config_["n_head"].get<int64_t>() : config_["num_attention_heads"].get<int64_t>();
+  kv_heads_ = config_.value("num_key_value_heads", heads_);
+  experts_ = config_.value("num_experts", int64_t{0});
+}
+
+std::vector<GgufPiece> GgufLayout::pieces(const GgufFile& f, const std::string& g) const {
+  auto unknown = [&] {
+    return UnsupportedError("GGUF file " + f.path() + ": tensor '" + g +
+                            "' has no counterpart in the Transformers model that flexmodel knows");
+  };
+  const TopNames top = top_names(arch_);
+  const size_t last = g.rfind('.');
+  if (last == std::string::npos) throw unknown();
+  const std::string suffix = g.substr(last);  // ".weight" / ".bias"
+  if (suffix != ".weight" && suffix != ".bias") throw unknown();
+  const std::string stem = g.substr(0, last);
+  GgufPiece piece;
+  if (stem == "token_embd") piece.name = std::string(top.embed) + suffix;
+  else if (stem == "output_norm") piece.name = std::string(top.norm) + suffix;
+  else if (stem == "output") piece.name = std::string(top.head) + suffix;
+  else if (stem == "position_embd" && *top.positions) piece.name = std::string(top.positions) + suffix;
+  if (!piece.name.empty()) {
+    piece.minus_one = norms_plus_one_ && stem == "output_norm";
+    return {piece};
+  }
+  if (stem.rfind("blk.", 0) != 0) throw unknown();
+  const size_t dot = stem.find('.', 4);
+  if (dot == std::string::npos) throw unknown();
+  const std::string layer = stem.substr(4, dot - 4), part = stem.substr(dot + 1);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) throw unknown();
+  const std::string block = top.blocks + layer + ".";
+
+  if (auto e = expert_names().find(part); e != expert_names().end() && experts_ > 0) {
+    const auto& shape = f.tensor(g).shape;
+    if (shape.size() != 3 || shape[0] != experts_)
+      throw FileFormatError("GGUF file " + f.path() + ": tensor '" + g + "' should stack " + std::to_string(experts_) +
+                            " experts' matrices ([experts, rows, cols]) but has " + std::to_string(shape.size()) +
+                            " dims" + (shape.empty() ? "" : " and " + std::to_string(shape[0]) + " first"));
+    std::vector<GgufPiece> out;
+    for (int64_t i = 0; i < experts_; ++i) {
+      GgufPiece x;
+      x.name = block + "mlp.experts." + std::to_string(i) + "." + e->second + suffix;
+      x.expert = i;
+      out.push_back(x);
+    }
+    return out;
+  }
+  std::string module;
+  const auto& over = block_overrides(arch_);
+  if (auto o = over.find(part); o != over.end()) {
+    module = o->second;
+  } else if (auto l = llama_block_names().find(part); l != llama_block_names().end()) {
+    module = l->second;
+  }
+  if (module.empty()) throw unknown();
+  piece.name = block + module + suffix;
+  if (permuted_qk_ && (part == "attn_q" || part == "attn_k")) {
+    piece.rows = GgufPiece::Rows::Unpermute;
+    piece.heads = part == "attn_q" ? heads_ : kv_heads_;
+  }
+  if (arch_ == "gptneox" && part == "attn_qkv") {
+    piece.rows = GgufPiece::Rows::HeadsQkv;
+    piece.heads = heads_;
+  }
+  piece.transpose = arch_ == "gpt2" && suffix == ".weight" && f.tensor(g).shape.size() == 2 && part != "attn_norm" &&
+                    part != "ffn_norm";
+  piece.minus_one = norms_plus_one_ && part.size() > 4 && part.compare(part.size() - 4, 4, "norm") == 0 &&
+                    suffix == ".weight";
+  return {piece};
+}
+
+at::Tensor GgufLayout::apply(const GgufFile& f, const std::string& g, const GgufPiece& p, at::Tensor t,
+                             bool is_float) const {
+  if (p.expert >= 0) t = t.select(0, p.expert);
+  if (p.rows == GgufPiece::Rows::Unpermute) t = unpermute_rows(t, p.heads, f.path(), g);
+  if (p.rows == GgufPiece::Rows::HeadsQkv) t = heads_qkv_rows(t, p.heads, f.path(), g);
+  if (is_float && p.transpose) t = t.t().contiguous();
+  if (is_float && p.minus_one) t = t - 1.0;
+  return t;
+}
+
+}  // namespace gguf_detail
+}  // namespace flex

@@ -1,0 +1,101 @@
+// The GGUF architectures beyond the Llama family's first five: gemma3,
+// olmo2, gpt2, gptneox, qwen2moe and qwen3moe, each a random tiny model
+// written as llama.cpp's converter writes it (scripts/golden/make_gguf_archs.py:
+// its names and metadata keys, its rewrites: GPT-2's transposed Conv1D
+// weights, GPT-NeoX's regrouped q|k|v rows, stacked 3-D experts, Gemma's
+// 1 + w norms), Q8_0. Checked against Transformers 5.23 on the weights gguf-py
+// dequantizes from the same file: the logits, and one module's output
+// captured by a forward hook (hooks work unchanged on the GGUF model).
+#include <flex/dispatch/gguf.h>
+#include <flex/dispatch/safetensors.h>
+#include <flex/hooks/errors.h>
+#include <flex/hooks/value.h>
+#include <flex/models/from_pretrained.h>
+#include <flex/models/gguf_model.h>
+#include <flex/quant/ggml_format.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "tensor_compare.h"
+#include "test_util.h"
+
+using flex_test::data_path;
+
+namespace {
+
+struct Case {
+  const char* arch;        // llama.cpp's name, the file's stem
+  const char* model_type;  // flexmodel's (Transformers') model_type
+  const char* cls;         // the CausalLM class built
+  const char* captured;    // the module whose output the golden file holds
+};
+
+const Case kCases[] = {
+    {"gemma3", "gemma3_text", "Gemma3ForCausalLM", "model.layers.5.self_attn"},
+    {"olmo2", "olmo2", "Olmo2ForCausalLM", "model.layers.1.post_feedforward_layernorm"},
+    {"gpt2", "gpt2", "GPT2LMHeadModel", "transformer.h.1.mlp"},
+    {"gptneox", "gpt_neox", "GPTNeoXForCausalLM", "gpt_neox.layers.1.attention"},
+    {"qwen2moe", "qwen2_moe", "Qwen2MoeForCausalLM", "model.layers.1.mlp"},
+    {"qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp"},
+};
+
+std::string gguf(const Case& c) { return data_path(std::string("gguf/") + c.arch + "-tiny-q8_0.gguf"); }
+std::string golden(const Case& c) { return data_path(std::string("gguf/") + c.arch + "-tiny-q8_0.logits.safetensors"); }
+
+class GgufArchitecture : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GgufArchitecture, LogitsAndCaptureEqualTransformers) {
+  const Case& c = GetParam();
+  auto f = flex::GgufFile::open(gguf(c));
+  EXPECT_EQ(flex::gguf_config_json(*f).at("model_type"), c.model_type);
+  auto ref = flex::SafetensorsFile::open(golden(c));
+  for (bool quantized : {true, false}) {
+    flex::PretrainedOptions o;
+    o.gguf_quantized = quantized;
+    auto m = flex::from_pretrained(gguf(c), o);
+    EXPECT_EQ(m->class_name(), c.cls);
+    at::Tensor seen;
+    auto module = m->get_submodule(c.captured);
+    auto handle = module->register_forward_hook([&seen](flex::Module&, const flex::Inputs&, flex::Value& v) {
+      seen = flex::find_first_tensor(v).detach().clone();
+    });
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = m->logits(ref->get("input_ids"));
+    handle.remove();
+    EXPECT_TRUE(flex_test::close(logits, ref->get("logits"), 0, 1e-5)) << c.arch << " quantized=" << quantized;
+    ASSERT_TRUE(seen.defined()) << c.captured;
+    EXPECT_TRUE(flex_test::close(seen, ref->get("capture"), 0, 1e-5)) << c.arch << " " << c.captured;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, GgufArchitecture, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.arch); });
+
+// Stacked experts become Transformers' per-expert layers, each keeping its
+// Q8_0 blocks (a slice of the 3-D tensor) and dequantizing to the slice of
+// the dequantized whole.
+TEST(GgufArchitectures, ExpertsAreSlicesOfTheStackedTensor) {
+  const std::string path = gguf(kCases[4]);
+  auto f = flex::GgufFile::open(path);
+  const at::Tensor whole = f->dequantize("blk.1.ffn_down_exps.weight");
+  ASSERT_EQ(whole.dim(), 3);
+  auto m = flex::from_pretrained(path);
+  for (int64_t e = 0; e < whole.size(0); ++e) {
+    auto* layer = dynamic_cast<flex::DenseLayer*>(
+        m->get_submodule("model.layers.1.mlp.experts." + std::to_string(e) + ".down_proj").get());
+    ASSERT_TRUE(layer) << e;
+    ASSERT_TRUE(std::dynamic_pointer_cast<const flex::GgmlFormat>(layer->weight_format())) << e;
+    EXPECT_TRUE(flex_test::equal(layer->float_weight(), whole[e])) << "expert " << e;
+  }
+  // The shared expert's gate stays F32, as the converter keeps it.
+  auto* gate = dynamic_cast<flex::DenseLayer*>(m->get_submodule("model.layers.0.mlp.shared_expert_gate").get());
+  ASSERT_TRUE(gate);
+  EXPECT_FALSE(gate->weight_format());
+  EXPECT_TRUE(flex_test::equal(gate->weight, f->dequantize("blk.0.ffn_gate_inp_shexp.weight")));
+}
+
+}  // namespace
