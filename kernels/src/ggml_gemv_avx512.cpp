@@ -43,11 +43,23 @@ inline vi isrlv(vi a, vi n) { return _mm512_srlv_epi32(a, n); }
 inline vi iota(int s) { return _mm512_add_epi32(iset(s), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }
 inline vf cvt(vi a) { return _mm512_cvtepi32_ps(a); }
 
+// Table lookups (ggml_gemv_lut.inc): 16 floats indexed by the low 4 bits of
+// each lane, 32 (two tables) by the low 5; with_bit4 sets bit 4 of the lanes
+// whose bit in `mask` is set.
+#define FLEX_GGML_LUT 1
+inline vf lut16(vf table, vi idx) { return _mm512_permutexvar_ps(idx, table); }
+inline vf lut32(vf lo, vf hi, vi idx) { return _mm512_permutex2var_ps(lo, idx, hi); }
+inline vf ramp() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+inline vi with_bit4(vi idx, uint32_t mask) {
+  return _mm512_mask_or_epi32(idx, static_cast<__mmask16>(mask), idx, iset(16));
+}
+
 // 32 unsigned bytes times 32 signed bytes, summed in fours into 8 int32 lanes.
 inline __m256i idot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 
 #include "ggml_gemv_body.inc"
 #include "ggml_gemv_q8_body.inc"
+#include "ggml_gemv_q8_avx512.inc"
 
 }  // namespace
 
@@ -57,7 +69,7 @@ void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t
 }
 void gemv_q8(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const Q8Rows& x, float* y,
              int64_t r0, int64_t r1) {
-  q8_rows(type, w, row_bytes, N, K, x, y, r0, r1);
+  q8_rows_512(type, w, row_bytes, N, K, x, y, r0, r1);
 }
 void dequantize(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t r0, int64_t r1, float* out) {
   dequant_rows(type, w, row_bytes, K, r0, r1, out);

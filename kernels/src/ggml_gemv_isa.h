@@ -13,6 +13,7 @@ struct Q8Rows {
   const float* d;      // [M, K / 32] the scale of each 32 codes
   const int32_t* s16;  // [M, K / 16] the sum of each 16 codes
   const float* ds16;   // [M, K / 16] that sum times its block's scale
+  const float* ds32;   // [M, K / 32] the sum of each 32 codes times their scale
   int64_t M;
 };
 

@@ -152,7 +152,8 @@ struct Q8Buffer {
   std::vector<float> d;
   std::vector<int32_t> s16;
   std::vector<float> ds16;
-  Q8Rows rows(int64_t M) const { return {q.data(), d.data(), s16.data(), ds16.data(), M}; }
+  std::vector<float> ds32;
+  Q8Rows rows(int64_t M) const { return {q.data(), d.data(), s16.data(), ds16.data(), ds32.data(), M}; }
 };
 
 Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
@@ -161,6 +162,7 @@ Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
   b.d.resize(static_cast<size_t>(M * K / 32));
   b.s16.resize(static_cast<size_t>(M * K / 16));
   b.ds16.resize(static_cast<size_t>(M * K / 16));
+  b.ds32.resize(static_cast<size_t>(M * K / 32));
   for (int64_t i = 0; i < M * K / 32; ++i) {
     const float* v = x + 32 * i;
     float amax = 0.0f;
@@ -177,6 +179,7 @@ Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
       b.s16[2 * i + h] = s;
       b.ds16[2 * i + h] = d * static_cast<float>(s);
     }
+    b.ds32[i] = d * static_cast<float>(b.s16[2 * i] + b.s16[2 * i + 1]);
   }
   return b;
 }
