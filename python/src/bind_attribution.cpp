@@ -14,8 +14,11 @@ namespace flex::python {
 
 namespace {
 
-std::vector<std::shared_ptr<SparseDictionary>> transcoder_list(CausalLM& lm, py::object transcoders) {
-  if (py::isinstance<py::str>(transcoders)) return load_transcoders(transcoders.cast<std::string>(), lm.config().num_hidden_layers);
+// A path (per-layer folder or cross-layer transcoder, found as
+// --transcoders finds it) or a list of per-layer transcoders.
+Transcoders transcoder_list(CausalLM& lm, py::object transcoders) {
+  if (py::isinstance<py::str>(transcoders))
+    return load_attribution_transcoders(transcoders.cast<std::string>(), lm.config().num_hidden_layers);
   return transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
 }
 
@@ -60,12 +63,7 @@ void bind_attribution(py::module_& m) {
          const std::string& prompt, const std::string& slug, const std::string& scan) {
         auto lm = std::dynamic_pointer_cast<CausalLM>(model);
         if (!lm) throw ConfigError("attribute: the model is not a causal language model of flexmodel's");
-        std::vector<std::shared_ptr<SparseDictionary>> tcs;
-        if (py::isinstance<py::str>(transcoders)) {
-          tcs = load_transcoders(transcoders.cast<std::string>(), lm->config().num_hidden_layers);
-        } else {
-          tcs = transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
-        }
+        const Transcoders tcs = transcoder_list(*lm, transcoders);
         check_prune_thresholds(node_threshold, edge_threshold);
         AttributionOptions o;
         o.max_n_logits = max_n_logits;

@@ -3,6 +3,7 @@
 // batch, whose graph every backward pass reuses: target b of a batch seeds
 // batch row b, so one torch::autograd::grad call gives every target's
 // gradient at every layer's MLP output place and at the embeddings.
+#include "attribution_coders.h"
 #include "attribution_influence.h"
 #include "attribution_places.h"
 
@@ -23,6 +24,7 @@ namespace flex {
 namespace {
 
 using detail::AttributionPlaces;
+using detail::LayerCoder;
 
 struct HookHandles {
   std::vector<HookHandle> handles;
@@ -45,28 +47,6 @@ struct ParametersWithoutGrad {
     for (auto& [p, rg] : saved)
       if (rg) p.set_requires_grad(true);
   }
-};
-
-// One transcoder's weights in the model's dtype.
-struct TranscoderWeights {
-  at::Tensor W_enc, b_enc, W_dec, b_dec, W_skip, threshold;
-  bool shift_input = false;
-
-  TranscoderWeights(const SparseDictionary& t, at::ScalarType dt) {
-    W_enc = t.W_enc.detach().to(dt);
-    b_enc = t.b_enc.detach().to(dt);
-    W_dec = t.W_dec.detach().to(dt);
-    b_dec = t.b_dec.detach().to(dt);
-    if (t.config().has_skip()) W_skip = t.W_skip.detach().to(dt);
-    if (t.config().jump()) threshold = t.threshold.detach().to(dt);
-    shift_input = t.config().apply_b_dec_to_input;
-  }
-  at::Tensor pre(const at::Tensor& x) const { return at::matmul(shift_input ? x - b_dec : x, W_enc) + b_enc; }
-  at::Tensor act(const at::Tensor& pre) const {
-    at::Tensor a = at::relu(pre);
-    return threshold.defined() ? a * pre.gt(threshold) : a;
-  }
-  at::Tensor skip(const at::Tensor& x) const { return at::matmul(x, W_skip.t()); }
 };
 
 // What the recording pass saw, batch row 0.
@@ -106,7 +86,7 @@ struct ReplacementPass {
   at::Tensor final_hidden;         // [B, T, d] after the final norm
 };
 
-ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<TranscoderWeights>& tw,
+ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<LayerCoder>& tw,
                                  const at::Tensor& ids, int64_t batch) {
   at::AutoGradMode grad(true);
   FreezeNonlinearities frozen(/*batch_replicas=*/true);  // every row is the prompt: one pattern per layer
@@ -153,40 +133,52 @@ struct Target {
 
 namespace detail {
 
+// What one group of active features writes into one layer's MLP output
+// place: their columns (indices into the active features) and their decoder
+// rows there times their activations. Per-layer transcoders: one group per
+// layer; a CLT: one per (source layer, output layer >= it).
+struct DecoderWrites {
+  int64_t out_layer;
+  at::Tensor columns;  // [n] int64
+  at::Tensor rows;     // [n, d]
+};
+
 // Rows of direct effects for up to B targets: [n, F + L*T + T] over every
 // active feature, error node and token (the caller selects feature columns).
 class RowComputer {
  public:
-  RowComputer(ReplacementPass pass, const std::vector<at::Tensor>& feature_layer_pos, const at::Tensor& scaled_decoders,
+  RowComputer(ReplacementPass pass, const at::Tensor& positions, const std::vector<DecoderWrites>& writes,
               std::vector<at::Tensor> errors, at::Tensor embed, int64_t n_features)
       : pass_(std::move(pass)), errors_(std::move(errors)), embed_(std::move(embed)), n_features_(n_features) {
-    // Per layer, the active features' scaled decoder rows laid out by
-    // position, [T, d, slots] (zero-padded to the busiest position): one
-    // batched product per layer gives every feature's edge into n targets.
-    const at::Tensor layers = feature_layer_pos[0], positions = feature_layer_pos[1];
-    const int64_t T = embed_.size(0), L = static_cast<int64_t>(errors_.size());
-    const int64_t d = embed_.size(1);
-    const at::Tensor lp = at::stack({layers, positions}, 1).contiguous();
-    const int64_t* p = lp.data_ptr<int64_t>();
-    std::vector<std::vector<std::vector<int64_t>>> by(L, std::vector<std::vector<int64_t>>(T));
-    for (int64_t i = 0; i < n_features_; ++i) by[p[2 * i]][p[2 * i + 1]].push_back(i);
-    layers_.resize(L);
-    for (int64_t l = 0; l < L; ++l) {
+    // Per group, the scaled decoder rows laid out by position, [T, d, slots]
+    // (zero-padded to the busiest position): one batched product per group
+    // gives every feature's edge into n targets.
+    const int64_t T = embed_.size(0), d = embed_.size(1);
+    const at::Tensor pos = positions.contiguous();
+    const int64_t* p = pos.data_ptr<int64_t>();
+    for (const DecoderWrites& w : writes) {
+      const at::Tensor cols = w.columns.contiguous();
+      const int64_t* c = cols.data_ptr<int64_t>();
+      std::vector<std::vector<int64_t>> by(T);  // row indices within the group, by position
+      for (int64_t i = 0; i < cols.size(0); ++i) by[p[c[i]]].push_back(i);
       size_t slots = 0;
-      for (const auto& at_t : by[l]) slots = std::max(slots, at_t.size());
+      for (const auto& at_t : by) slots = std::max(slots, at_t.size());
       if (slots == 0) continue;
-      LayerDecoders& ld = layers_[l];
-      std::vector<int64_t> columns, flat;
+      GroupDecoders ld;
+      ld.out_layer = w.out_layer;
+      std::vector<int64_t> columns, rows, flat;
       for (int64_t t = 0; t < T; ++t)
-        for (size_t k = 0; k < by[l][t].size(); ++k) {
-          columns.push_back(by[l][t][k]);
+        for (size_t k = 0; k < by[t].size(); ++k) {
+          columns.push_back(c[by[t][k]]);
+          rows.push_back(by[t][k]);
           flat.push_back(t * static_cast<int64_t>(slots) + static_cast<int64_t>(k));
         }
       ld.columns = at::tensor(columns, at::kLong);
       ld.flat = at::tensor(flat, at::kLong);
-      at::Tensor padded = at::zeros({T * static_cast<int64_t>(slots), d}, scaled_decoders.options());
-      padded.index_copy_(0, ld.flat, scaled_decoders.index_select(0, ld.columns));
+      at::Tensor padded = at::zeros({T * static_cast<int64_t>(slots), d}, w.rows.options());
+      padded.index_copy_(0, ld.flat, w.rows.index_select(0, at::tensor(rows, at::kLong)));
       ld.decoders = padded.view({T, static_cast<int64_t>(slots), d}).transpose(1, 2).contiguous();  // [T, d, slots]
+      groups_.push_back(std::move(ld));
     }
   }
 
@@ -211,14 +203,16 @@ class RowComputer {
     const auto grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
                                              /*allow_unused=*/true);
     at::Tensor out = at::zeros({n, n_features_ + L * T + T}, opts);
+    for (const GroupDecoders& ld : groups_) {
+      const at::Tensor& g = grads[ld.out_layer];
+      if (!g.defined()) continue;
+      // [T, n, d] x [T, d, slots] -> [n, T * slots], then each feature's slot;
+      // a CLT feature sums its groups (one per layer it writes into).
+      const at::Tensor e = at::bmm(g.narrow(0, 0, n).transpose(0, 1), ld.decoders).transpose(0, 1).reshape({n, -1});
+      out.index_add_(1, ld.columns, e.index_select(1, ld.flat));
+    }
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor& g = grads[l];
-      const LayerDecoders& ld = layers_[l];
-      if (g.defined() && ld.decoders.defined()) {
-        // [T, n, d] x [T, d, slots] -> [n, T * slots], then each feature's slot.
-        const at::Tensor e = at::bmm(g.narrow(0, 0, n).transpose(0, 1), ld.decoders).transpose(0, 1).reshape({n, -1});
-        out.index_copy_(1, ld.columns, e.index_select(1, ld.flat));
-      }
       if (g.defined())
         out.narrow(1, n_features_ + l * T, T).copy_((g.narrow(0, 0, n) * errors_[l]).sum(-1));
     }
@@ -232,18 +226,19 @@ class RowComputer {
   std::vector<at::Tensor> errors_;
   at::Tensor embed_;
   int64_t n_features_;
-  struct LayerDecoders {
-    at::Tensor decoders;  // [T, d, slots] or undefined (no active feature in the layer)
+  struct GroupDecoders {
+    int64_t out_layer = 0;
+    at::Tensor decoders;  // [T, d, slots]
     at::Tensor columns;   // the features' columns, in slot order
     at::Tensor flat;      // their t * slots + slot
   };
-  std::vector<LayerDecoders> layers_;
+  std::vector<GroupDecoders> groups_;
 };
 
 }  // namespace detail
 
-AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
-                           const at::Tensor& input_ids, const AttributionOptions& o) {
+AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids,
+                           const AttributionOptions& o) {
   if (o.max_n_logits < 1) throw ConfigError("attribution: max_n_logits must be at least 1, not " + std::to_string(o.max_n_logits));
   if (!(o.desired_logit_prob > 0.0 && o.desired_logit_prob <= 1.0))
     throw ConfigError("attribution: desired_logit_prob must be in (0, 1], not " + std::to_string(o.desired_logit_prob));
@@ -265,28 +260,26 @@ AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<Sp
   ids = ids.to(at::kLong).unsqueeze(0);
 
   const AttributionPlaces places = detail::attribution_places(model);
-  detail::check_transcoders(model, places, transcoders);
   ParametersWithoutGrad constants(model);
 
   const Recorded rec = record_attribution_pass(model, places, ids);
   const at::ScalarType dt = rec.embed.scalar_type();
+  // Checked against the model and converted to its dtype.
+  const std::vector<LayerCoder> tw = detail::layer_coders(model, places, transcoders, dt);
   const int64_t L = static_cast<int64_t>(places.mlps.size());
-  std::vector<TranscoderWeights> tw;
-  for (const auto& t : transcoders) tw.emplace_back(*t, dt);
 
-  // Active features, their decoder rows times activation, error vectors.
-  std::vector<at::Tensor> f_layer, f_pos, f_idx, f_act, f_pre, encoders, decoders, errors;
+  // Active features, what they write (decoder rows times activation, per
+  // layer written), error vectors (MLP output minus the reconstruction).
+  std::vector<at::Tensor> f_layer, f_pos, f_idx, f_act, f_pre, encoders, acts, errors;
+  std::vector<detail::DecoderWrites> writes;
   {
     at::NoGradGuard no_grad;
+    int64_t first = 0;  // this layer's first active feature
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor pre = tw[l].pre(rec.x[l]);
       at::Tensor act = tw[l].act(pre);
       if (o.zero_first_position) act[0].zero_();
-      at::Tensor recon = at::matmul(act, tw[l].W_dec) + tw[l].b_dec;
-      if (tw[l].W_skip.defined()) recon = recon + tw[l].skip(rec.x[l]);
-      at::Tensor err = rec.out[l] - recon;
-      if (o.zero_first_position) err[0].zero_();
-      errors.push_back(err);
+      acts.push_back(act);
       const at::Tensor nz = act.nonzero();  // [n, 2] (pos, feature), row-major: sorted
       const at::Tensor pos = nz.select(1, 0), feat = nz.select(1, 1);
       f_layer.push_back(at::full_like(pos, l));
@@ -296,7 +289,15 @@ AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<Sp
       f_act.push_back(a);
       f_pre.push_back(pre.index({pos, feat}));
       encoders.push_back(tw[l].W_enc.index_select(1, feat).t());
-      decoders.push_back(tw[l].W_dec.index_select(0, feat) * a.unsqueeze(1));
+      const at::Tensor columns = at::arange(first, first + a.size(0), at::kLong);
+      for (size_t k = 0; k < tw[l].W_dec.size(); ++k)
+        writes.push_back({l + static_cast<int64_t>(k), columns, tw[l].W_dec[k].index_select(0, feat) * a.unsqueeze(1)});
+      first += a.size(0);
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      at::Tensor err = rec.out[l] - detail::reconstruction(tw, acts, l, rec.x[l]);
+      if (o.zero_first_position) err[0].zero_();
+      errors.push_back(err);
     }
   }
   AttributionGraph g;
@@ -327,8 +328,7 @@ AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<Sp
 
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
-  detail::RowComputer rows(replacement_pass(places, tw, ids, B), {layers, positions}, decoders.empty() ? at::Tensor() : at::cat(decoders),
-                           errors, rec.embed, F);
+  detail::RowComputer rows(replacement_pass(places, tw, ids, B), positions, writes, errors, rec.embed, F);
 
   // Rows: logits first, then features (all, or the most influential first).
   const at::ScalarType adj_dt = prob_dt;

@@ -1,7 +1,7 @@
 // intervene(): a clean pass recording the attention patterns (frozen
 // attention only), then the intervened pass, whose MLP forward hooks add
 // each intervention's decoder delta at the activation this pass computes.
-#include "attribution_places.h"
+#include "attribution_coders.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution_intervention.h>
@@ -71,7 +71,7 @@ namespace {
 // The interventions by layer, validated against a prompt of T tokens.
 std::map<int64_t, std::vector<FeatureIntervention>> by_layer(
     const std::vector<FeatureIntervention>& interventions, int64_t T, int64_t L,
-    const std::vector<std::shared_ptr<SparseDictionary>>& transcoders) {
+    const std::vector<detail::LayerCoder>& coders) {
   std::map<int64_t, std::vector<FeatureIntervention>> out;
   for (FeatureIntervention iv : interventions) {
     if (iv.layer < 0 || iv.layer >= L)
@@ -79,14 +79,20 @@ std::map<int64_t, std::vector<FeatureIntervention>> by_layer(
     const int64_t pos = iv.pos < 0 ? iv.pos + T : iv.pos;
     if (pos < 0 || pos >= T)
       throw ConfigError(describe(iv) + ": position out of range for a prompt of " + std::to_string(T) + " tokens");
-    const int64_t d_sae = transcoders[iv.layer]->W_dec.size(0);
+    const int64_t d_sae = coders[iv.layer].width();
     if (iv.feature < 0 || iv.feature >= d_sae)
       throw ConfigError(describe(iv) + ": feature out of range for the layer's transcoder of width " +
-                        std::to_string(d_sae) + " (" + transcoders[iv.layer]->config().source + ")");
+                        std::to_string(d_sae) + " (" + coders[iv.layer].source + ")");
     iv.pos = pos;
     out[iv.layer].push_back(iv);
   }
   return out;
+}
+
+// The dtype the transcoders are held in: the model's (float32 for quantized embeddings).
+at::ScalarType weight_dtype(CausalLM& model) {
+  const at::ScalarType dt = model.input_embeddings()->weight.scalar_type();
+  return at::isFloatingType(dt) ? dt : at::kFloat;
 }
 
 at::Tensor one_prompt(const at::Tensor& input_ids, const char* what) {
@@ -103,12 +109,14 @@ at::Tensor one_prompt(const at::Tensor& input_ids, const char* what) {
 // positions (generation) attend afresh, as with circuit-tracer's KV cache.
 class Intervened {
  public:
-  Intervened(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders, const at::Tensor& ids,
+  Intervened(CausalLM& model, const Transcoders& transcoders, const at::Tensor& ids,
              const std::vector<FeatureIntervention>& interventions, bool frozen_attention) {
     const int64_t T = ids.size(0);
     const detail::AttributionPlaces places = detail::attribution_places(model);
-    detail::check_transcoders(model, places, transcoders);
-    const auto layers = by_layer(interventions, T, static_cast<int64_t>(places.mlps.size()), transcoders);
+    const int64_t L = static_cast<int64_t>(places.mlps.size());
+    auto coders = std::make_shared<const std::vector<detail::LayerCoder>>(
+        detail::layer_coders(model, places, transcoders, weight_dtype(model)));
+    const auto layers = by_layer(interventions, T, L, *coders);
     at::NoGradGuard no_grad;
     if (frozen_attention && !layers.empty()) {
       // hook_attn_probs runs once per attention module per forward.
@@ -133,35 +141,56 @@ class Intervened {
           out = Value(p);
         }));
     }
+    if (layers.empty()) return;
+    // Deltas waiting for the MLP output place of each layer ([B, T, d] once
+    // an intervened layer has run): layer l's interventions add
+    // (target - a) W_dec[k][feature] to layer l + k's (k = 0 only for a
+    // per-layer transcoder), as circuit-tracer's layer_deltas.
+    auto pending = std::make_shared<std::vector<at::Tensor>>(L);
     for (const auto& [layer, ivs] : layers) {
-      auto t = transcoders[layer];
       const std::vector<FeatureIntervention> list = ivs;
+      const int64_t l = layer;
       // The MLP's input (what the transcoder reads); the edit lands on the MLP
       // output place (after Gemma 2's post-MLP norm).
       auto mlp_input = std::make_shared<at::Tensor>();
       hooks_.handles.push_back(places.mlps[layer]->register_forward_pre_hook([mlp_input](Module&, Inputs& in) {
         *mlp_input = in.tensor(0);
       }));
-      hooks_.handles.push_back(places.outs[layer]->register_forward_hook([t, list, mlp_input](Module&, const Inputs&,
-                                                                                              Value& out) {
-        const at::Tensor x = *mlp_input;  // [B, T, d]
-        at::Tensor y = find_first_tensor(out).clone();
-        const auto dt = x.scalar_type();
-        const at::Tensor b_dec = t->b_dec.detach().to(dt);
-        const at::Tensor W_dec = t->W_dec.detach().to(dt);
-        for (const auto& iv : list) {
-          const at::Tensor xp = x.select(1, iv.pos);  // [B, d]
-          const at::Tensor pre = at::matmul(t->config().apply_b_dec_to_input ? xp - b_dec : xp,
-                                            t->W_enc.detach().to(dt).select(1, iv.feature)) +
-                                 t->b_enc.detach().to(dt)[iv.feature];  // [B]
-          at::Tensor a = at::relu(pre);
-          if (t->config().jump()) a = a * pre.gt(t->threshold.detach().to(dt)[iv.feature]);
-          const at::Tensor target = iv.scale ? a * iv.value : at::full_like(a, iv.value);
-          y.select(1, iv.pos).add_((target - a).unsqueeze(-1) * W_dec[iv.feature]);
-        }
-        out = Value(y);
-      }));
+      hooks_.handles.push_back(places.outs[layer]->register_forward_hook(
+          [coders, list, mlp_input, pending, l](Module&, const Inputs&, Value& out) {
+            const detail::LayerCoder& c = (*coders)[l];
+            const at::Tensor x = *mlp_input;  // [B, T, d]
+            const at::Tensor y = find_first_tensor(out);
+            const auto dt = x.scalar_type();
+            for (const auto& iv : list) {
+              const at::Tensor xp = x.select(1, iv.pos);  // [B, d]
+              const at::Tensor pre = at::matmul(c.in_shift.defined() ? xp - c.in_shift.to(dt) : xp,
+                                                c.W_enc.select(1, iv.feature).to(dt)) + c.b_enc[iv.feature].to(dt);  // [B]
+              at::Tensor a = at::relu(pre);
+              if (c.threshold.defined())
+                a = (c.relu_then_threshold ? a : pre) * pre.gt(c.threshold[iv.feature].to(dt));
+              const at::Tensor target = iv.scale ? a * iv.value : at::full_like(a, iv.value);
+              for (size_t k = 0; k < c.W_dec.size(); ++k) {
+                at::Tensor& p = (*pending)[l + static_cast<int64_t>(k)];
+                if (!p.defined()) p = at::zeros_like(y);
+                p.select(1, iv.pos).add_((target - a).unsqueeze(-1) * c.W_dec[k][iv.feature].to(dt));
+              }
+            }
+          }));
     }
+    // Every layer from the first intervened one on adds what is pending for
+    // it (registered after the delta hooks: a layer's own deltas land too).
+    for (int64_t l = layers.begin()->first; l < L; ++l)
+      hooks_.handles.push_back(places.outs[l]->register_forward_hook([pending, l](Module&, const Inputs&, Value& out) {
+        at::Tensor& p = (*pending)[l];
+        if (!p.defined()) return;
+        const at::Tensor y = find_first_tensor(out);
+        // Generation recomputes a longer sequence: the prompt's positions get the deltas.
+        at::Tensor edited = y.clone();
+        edited.narrow(1, 0, p.size(1)).add_(p.narrow(0, 0, y.size(0)));
+        out = Value(edited);
+        p = at::Tensor();
+      }));
   }
 
  private:
@@ -170,8 +199,7 @@ class Intervened {
 
 }  // namespace
 
-at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
-                     const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+at::Tensor intervene(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                      bool frozen_attention) {
   const at::Tensor ids = one_prompt(input_ids, "intervene");
   Intervened hooked(model, transcoders, ids, interventions, frozen_attention);
@@ -179,8 +207,7 @@ at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDi
   return model.logits(ids.unsqueeze(0))[0];
 }
 
-at::Tensor intervene_generate(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
-                              const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
+at::Tensor intervene_generate(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                               int64_t max_new_tokens, bool frozen_attention, at::Tensor* step_logits) {
   if (max_new_tokens < 1) throw ConfigError("intervene_generate: max_new_tokens must be at least 1, not " + std::to_string(max_new_tokens));
   at::Tensor ids = one_prompt(input_ids, "intervene_generate");

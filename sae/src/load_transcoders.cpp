@@ -53,4 +53,14 @@ std::vector<std::shared_ptr<SparseDictionary>> load_transcoders(const std::strin
   return out;
 }
 
+Transcoders load_attribution_transcoders(const std::string& path, int64_t n_layers) {
+  if (!is_cross_layer_transcoder(path)) return load_transcoders(path, n_layers);
+  auto clt = load_cross_layer_transcoder(path);
+  if (clt->n_layers() != n_layers)
+    throw ConfigError("transcoders: the cross-layer transcoder '" + path + "' spans " + std::to_string(clt->n_layers()) +
+                      " layers (W_enc_0..W_enc_" + std::to_string(clt->n_layers() - 1) + ") but the model has " +
+                      std::to_string(n_layers));
+  return clt;
+}
+
 }  // namespace flex

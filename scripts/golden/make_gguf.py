@@ -54,6 +54,8 @@ them as the reference the C++ reader is checked against:
                              Transformers on gguf-py's weights, and their text
   <arch>-tiny-q8_0.gguf      gemma3, olmo2, gpt2, gptneox, qwen2moe, qwen3moe:
     .logits.safetensors      written by make_gguf_archs.py (see its docstring)
+  vocab-spm.gguf             a sentencepiece ("llama") vocabulary and Transformers'
+    .expected.json           tokenization of it: make_gguf_spm.py
   fuzz/corpus/gguf/*.gguf    small seeds (vocab.gguf: vocab-qwen2.gguf's metadata) for the fuzz target fuzz/fuzz_gguf.cpp
   types.metadata.json        each metadata key as gguf-py's GGUFReader reads
                              it back: {"type": name, "value": ...}; plus
@@ -672,6 +674,8 @@ def main():
     write_architecture_tinies()
     import make_gguf_archs  # gemma3, olmo2, gpt2, gptneox, qwen2moe, qwen3moe (after the files above)
     make_gguf_archs.main()
+    import make_gguf_spm  # vocab-spm.gguf, a sentencepiece vocabulary, and Transformers' tokenization of it
+    make_gguf_spm.main()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

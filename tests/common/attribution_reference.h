@@ -2,7 +2,8 @@
 // An independent frozen replacement for the attribution tests: GPT-2, Llama
 // (Qwen3 alike) and Gemma 2 (norms after attention and MLP, (1 + w) norm
 // weights, scaled embeddings, final soft cap) written out by hand from the model's weights (no module forward, no
-// autograd), per-layer transcoders applied by hand. A plain pass records
+// autograd), per-layer transcoders or a cross-layer transcoder (a layer-l
+// feature adds a W_dec[l][:, l' - l] to every later MLP output l') applied by hand. A plain pass records
 // the sources (token embeddings, feature activations, error vectors) and the
 // frozen quantities (attention patterns, from the model's hook_attn_probs
 // (the patterns are not what is under test);
@@ -14,6 +15,7 @@
 // bias term.
 #include <flex/hooks/frozen_replacement.h>
 #include <flex/models/causal_lm.h>
+#include <flex/sae/cross_layer_transcoder.h>
 #include <flex/sae/sparse_dictionary.h>
 
 #include <ATen/ATen.h>
@@ -40,6 +42,43 @@ class AttributionReference {
                        const at::Tensor& ids, bool zero_first = true)
       : zero_first_(zero_first) {
     at::NoGradGuard ng;
+    for (auto& t : transcoders) {
+      Tc c;
+      c.W_enc = t->W_enc.detach().to(at::kDouble);
+      c.b_enc = t->b_enc.detach().to(at::kDouble);
+      c.W_dec = {t->W_dec.detach().to(at::kDouble)};
+      c.b_dec = t->b_dec.detach().to(at::kDouble);
+      if (t->config().has_skip()) c.W_skip = t->W_skip.detach().to(at::kDouble);
+      if (t->config().jump()) c.threshold = t->threshold.detach().to(at::kDouble);
+      c.shift = t->config().apply_b_dec_to_input;
+      tc_.push_back(c);
+    }
+    init(model, ids);
+  }
+
+  /// A cross-layer transcoder: layer l encodes with W_enc[l]^T, its JumpReLU
+  /// is circuit-tracer's pre * (pre > threshold) (no ReLU first), and its
+  /// features write W_dec[l][:, k] into layer l + k's MLP output.
+  AttributionReference(flex::CausalLM& model, const flex::CrossLayerTranscoder& clt, const at::Tensor& ids,
+                       bool zero_first = true)
+      : zero_first_(zero_first) {
+    at::NoGradGuard ng;
+    for (int64_t l = 0; l < clt.n_layers(); ++l) {
+      Tc c;
+      c.W_enc = clt.W_enc[l].t().to(at::kDouble);
+      c.b_enc = clt.b_enc[l].to(at::kDouble);
+      const at::Tensor wd = clt.W_dec[l].to(at::kDouble);
+      for (int64_t k = 0; k < wd.size(1); ++k) c.W_dec.push_back(wd.select(1, k));
+      c.b_dec = clt.b_dec[l].to(at::kDouble);
+      if (clt.jump_relu()) c.threshold = clt.threshold[l].to(at::kDouble);
+      c.relu_first = false;
+      tc_.push_back(c);
+    }
+    init(model, ids);
+  }
+
+ private:
+  void init(flex::CausalLM& model, const at::Tensor& ids) {
     for (const auto& item : model.named_parameters()) w_[item.key()] = item.value().detach().to(at::kDouble);
     gpt2_ = model.base_model_prefix() == "transformer";
     gemma2_ = w_.count("model.layers.0.post_feedforward_layernorm.weight") > 0;
@@ -49,17 +88,6 @@ class AttributionReference {
     H_ = cfg.num_attention_heads;
     eps_ = cfg.norm_eps;
     T_ = ids.size(0);
-    for (auto& t : transcoders) {
-      Tc c;
-      c.W_enc = t->W_enc.detach().to(at::kDouble);
-      c.b_enc = t->b_enc.detach().to(at::kDouble);
-      c.W_dec = t->W_dec.detach().to(at::kDouble);
-      c.b_dec = t->b_dec.detach().to(at::kDouble);
-      if (t->config().has_skip()) c.W_skip = t->W_skip.detach().to(at::kDouble);
-      if (t->config().jump()) c.threshold = t->threshold.detach().to(at::kDouble);
-      c.shift = t->config().apply_b_dec_to_input;
-      tc_.push_back(c);
-    }
     // The attention patterns: the model's own, from its forward.
     std::vector<flex::HookHandle> hs;
     probs_.resize(L_);
@@ -86,6 +114,7 @@ class AttributionReference {
     run(nullptr);
   }
 
+ public:
   /// The recorded sources and what the plain pass saw.
   ReferenceSources sources;
   std::vector<at::Tensor> pre;      // per layer [T, d_sae]
@@ -129,6 +158,7 @@ class AttributionReference {
     at::Tensor h = sources.embed;
     if (gpt2_) h = h + w("transformer.wpe.weight").narrow(0, 0, T_);
     std::map<std::string, at::Tensor> inv;
+    std::vector<at::Tensor> pending(L_);  // deltas for later layers' MLP outputs (a CLT's)
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
       const at::Tensor a_in = norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv, true);
@@ -141,11 +171,14 @@ class AttributionReference {
         if (e.layer != l) continue;
         const at::Tensor xp = x[e.pos];
         const at::Tensor p = at::dot(t.shift ? xp - t.b_dec : xp, t.W_enc.select(1, e.feature)) + t.b_enc[e.feature];
-        at::Tensor a = at::relu(p);
-        if (t.threshold.defined()) a = a * p.gt(t.threshold[e.feature]);
+        const at::Tensor a = activation(t, p, e.feature);
         const at::Tensor target = e.scale ? a * e.value : at::full_like(a, e.value);
-        out[e.pos] += (target - a) * t.W_dec[e.feature];
+        for (size_t k = 0; k < t.W_dec.size(); ++k) {
+          if (!pending[l + k].defined()) pending[l + k] = at::zeros_like(out);
+          pending[l + k][e.pos] += (target - a) * t.W_dec[k][e.feature];
+        }
       }
+      if (pending[l].defined()) out = out + pending[l];
       h = h + out;
     }
     return soft_cap(at::matmul(norm(h, gpt2_ ? "transformer.ln_f" : "model.norm", inv, true), unembed_.t()));
@@ -160,9 +193,18 @@ class AttributionReference {
 
  private:
   struct Tc {
-    at::Tensor W_enc, b_enc, W_dec, b_dec, W_skip, threshold;
+    at::Tensor W_enc, b_enc, b_dec, W_skip, threshold;
+    std::vector<at::Tensor> W_dec;  // W_dec[k]: written into layer l + k's MLP output
     bool shift = false;
+    bool relu_first = true;  // SAELens's JumpReLU: relu(p) * (p > t); circuit-tracer's CLT: p * (p > t)
   };
+
+  // The activation of pre-activation p (feature f's threshold; all when f < 0).
+  static at::Tensor activation(const Tc& t, const at::Tensor& p, int64_t f = -1) {
+    if (!t.threshold.defined()) return at::relu(p);
+    const at::Tensor thr = f < 0 ? t.threshold : t.threshold[f];
+    return (t.relu_first ? at::relu(p) : p) * p.gt(thr);
+  }
 
   at::Tensor w(const std::string& name) const { return w_.at(name); }
   std::string mlp_norm() const { return gpt2_ ? ".ln_2" : gemma2_ ? ".pre_feedforward_layernorm" : ".post_attention_layernorm"; }
@@ -244,6 +286,7 @@ class AttributionReference {
       c0_.assign(L_, {});
     }
     frozen_pre_.assign(L_, {});
+    std::vector<at::Tensor> written(L_);  // sum of what earlier and this layer's features write into layer l's output
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
       const at::Tensor attn = attention(norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain), l);
@@ -253,21 +296,24 @@ class AttributionReference {
       const at::Tensor p = at::matmul(t.shift ? x - t.b_dec : x, t.W_enc) + t.b_enc;
       const at::Tensor skip = t.W_skip.defined() ? at::matmul(x, t.W_skip.t()) : at::zeros_like(x);
       at::Tensor out;
+      at::Tensor a = plain ? activation(t, p) : s->acts[l];
+      if (plain && zero_first_) a[0].zero_();
+      for (size_t k = 0; k < t.W_dec.size(); ++k) {
+        const at::Tensor w = at::matmul(a, t.W_dec[k]);
+        written[l + k] = written[l + k].defined() ? written[l + k] + w : w;
+      }
       if (plain) {
         pre[l] = p;
-        at::Tensor a = at::relu(p);
-        if (t.threshold.defined()) a = a * p.gt(t.threshold);
-        if (zero_first_) a[0].zero_();
         // Gemma 2: the transcoder stands in for the MLP and its post norm.
         out = gemma2_ ? norm(mlp(x, l), b + ".post_feedforward_layernorm", inv_, plain) : mlp(x, l);
-        at::Tensor err = out - (at::matmul(a, t.W_dec) + t.b_dec + skip);
+        at::Tensor err = out - (written[l] + t.b_dec + skip);
         c0_[l] = out[0] - skip[0];
         if (zero_first_) err[0].zero_();
         sources.acts[l] = a;
         sources.errors[l] = err;
       } else {
         frozen_pre_[l] = p;
-        out = at::matmul(s->acts[l], t.W_dec) + t.b_dec + skip + s->errors[l];
+        out = written[l] + t.b_dec + skip + s->errors[l];
         if (zero_first_) out[0] = c0_[l] + skip[0];
       }
       h = h + out;

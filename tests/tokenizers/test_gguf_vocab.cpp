@@ -17,27 +17,33 @@ using nlohmann::json;
 
 namespace {
 
+json read_json(const std::string& name) {
+  std::ifstream in(flex_test::data_path("gguf/" + name));
+  return json::parse(in);
+}
+
 const json& expected() {
-  static const json doc = [] {
-    std::ifstream in(flex_test::data_path("gguf/vocab.expected.json"));
-    return json::parse(in);
-  }();
+  static const json doc = read_json("vocab.expected.json");
   return doc;
 }
 
-void check_file(const std::string& name) {
+void check_file(const std::string& name, const json& e) {
   const std::string path = flex_test::data_path("gguf/" + name);
   ASSERT_TRUE(flex::is_gguf_tokenizer_file(path));
   const auto tok = flex::load_tokenizer(path);  // a GGUF file instead of a folder
-  const json& e = expected().at(name);
   for (size_t i = 0; i < e["strings"].size(); ++i) {
     const std::string s = e["strings"][i];
     const std::vector<int64_t> want = e["ids"][i];
     const std::vector<int64_t> got = tok->encode(s);
     EXPECT_EQ(got, want) << name << ": string " << i << " '" << s << "'";
     EXPECT_EQ(tok->decode_text(want), e["decoded"][i].get<std::string>()) << name << ": decoding string " << i;
+    if (e.contains("decoded_skip_special"))
+      EXPECT_EQ(tok->decode_text(want, /*skip_special_tokens=*/true), e["decoded_skip_special"][i].get<std::string>())
+          << name << ": decoding string " << i << " without special tokens";
   }
 }
+
+void check_file(const std::string& name) { check_file(name, expected().at(name)); }
 
 TEST(GgufVocab, Qwen2FixtureMatchesTokenizersPackage) {
   check_file("vocab-qwen2.gguf");
@@ -53,6 +59,22 @@ TEST(GgufVocab, Qwen2FixtureMatchesTokenizersPackage) {
 TEST(GgufVocab, Gpt2PrefixMatchesTokenizersPackage) { check_file("vocab-gpt2.gguf"); }
 
 TEST(GgufVocab, LlamaBpeWithBosMatchesTokenizersPackage) { check_file("vocab-llama-bpe.gguf"); }
+
+// A sentencepiece vocabulary (tokenizer.ggml.model "llama": pieces, scores,
+// token types, <0xNN> byte tokens, no merges) against Transformers 5.23's
+// tokenizer for the same file (scripts/golden/make_gguf_spm.py): merges rebuilt
+// from the scores, the prefix space, byte fallback for characters outside the
+// vocabulary (z, q, 本, the emoji), special and user-defined tokens, bos added.
+TEST(GgufVocab, SentencepieceMatchesTransformersGgufTokenizer) {
+  check_file("vocab-spm.gguf", read_json("vocab-spm.expected.json"));
+  const auto tok = flex::load_tokenizer(flex_test::data_path("gguf/vocab-spm.gguf"));
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_TRUE(tok->is_special(1));     // CONTROL <s>
+  EXPECT_TRUE(tok->is_special(0));     // <unk>, named by unknown_token_id
+  EXPECT_FALSE(tok->is_special(259));  // USER_DEFINED <mask>
+  EXPECT_FALSE(tok->is_special(3));    // BYTE <0x00>
+}
 
 // A GGUF holding only string metadata, for the error cases.
 std::string write_gguf(const std::string& name, const std::vector<std::pair<std::string, std::string>>& kv) {
@@ -79,10 +101,13 @@ void expect_error(const std::string& path, const std::vector<std::string>& parts
 }
 
 TEST(GgufVocab, UnsupportedModelsAndPreTokenizersNameFileKeyValue) {
-  const auto spm = write_gguf("spm.gguf", {{"tokenizer.ggml.model", "llama"}});
-  expect_error<flex::UnsupportedError>(spm, {spm, "tokenizer.ggml.model", "'llama'"}, /*direct=*/true);
+  const auto t5 = write_gguf("t5.gguf", {{"tokenizer.ggml.model", "t5"}});
+  expect_error<flex::UnsupportedError>(t5, {t5, "tokenizer.ggml.model", "'t5'"}, /*direct=*/true);
   // load_tokenizer: an IOError (no readable tokenizer), as for a folder without one.
-  expect_error<flex::IOError>(spm, {spm, "tokenizer.ggml.model", "'llama'"});
+  expect_error<flex::IOError>(t5, {t5, "tokenizer.ggml.model", "'t5'"});
+  // A sentencepiece vocabulary needs its tokens and scores.
+  const auto spm = write_gguf("spm.gguf", {{"tokenizer.ggml.model", "llama"}});
+  expect_error<flex::FileFormatError>(spm, {spm, "tokenizer.ggml.tokens"}, /*direct=*/true);
   const auto pre = write_gguf("pre.gguf", {{"tokenizer.ggml.model", "gpt2"}, {"tokenizer.ggml.pre", "deepseek-llm"}});
   expect_error<flex::UnsupportedError>(pre, {pre, "tokenizer.ggml.pre", "'deepseek-llm'"}, /*direct=*/true);
   const auto none = write_gguf("none.gguf", {{"general.name", "x"}});

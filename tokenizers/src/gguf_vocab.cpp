@@ -6,6 +6,7 @@
 #include <flex/tokenizers/bpe.h>
 #include <flex/tokenizers/gguf_vocab.h>
 
+#include "gguf_spm.h"
 #include "message.h"
 
 #include <cstring>
@@ -28,6 +29,7 @@ struct Value {
   std::string s;
   std::vector<std::string> strs;
   std::vector<int64_t> ints;
+  std::vector<double> reals;  // arrays of floats (sentencepiece scores)
 };
 
 class Reader {
@@ -100,7 +102,7 @@ class Reader {
       scalar(v.elem, e, key);
       if (!keep) continue;
       if (v.elem == STRING) v.strs.push_back(std::move(e.s));
-      else if (v.elem == F32 || v.elem == F64) v.ints.push_back(0);  // scores: not used by BPE
+      else if (v.elem == F32 || v.elem == F64) v.reals.push_back(e.d);
       else v.ints.push_back(e.i);
     }
     return v;
@@ -173,29 +175,48 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
   if (!md.count("tokenizer.ggml.model"))
     throw IOError(cat(path, ": the GGUF file has no tokenizer (no tokenizer.ggml.model key)"));
   const std::string model = need("tokenizer.ggml.model", STRING).s;
-  if (model != "gpt2")
+  if (model != "gpt2" && model != "llama")
     throw UnsupportedError(cat(path, ": tokenizer.ggml.model '", model,
-                               "' is not supported (only 'gpt2', byte-level BPE with merges, is read from GGUF; "
-                               "put the model's tokenizer.json beside it instead)"));
-  const auto pre_it = md.find("tokenizer.ggml.pre");
-  const std::string pre = pre_it == md.end() ? std::string("(absent)") : pre_it->second.s;
+                               "' is not supported (read from GGUF: 'gpt2', byte-level BPE with merges, and 'llama', "
+                               "sentencepiece pieces with scores; put the model's tokenizer.json beside it instead)"));
+  const bool spm = model == "llama";
 
   BpeSpec spec;
   spec.source = path;
-  const std::string where = cat(path, ": tokenizer.ggml.pre");
-  if (pre == "gpt-2") {
-    spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::byte_level(false, true)};
-  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
-    spec.pre_tokenizer = {
-        BpeSpec::PreTokenizeStep::split_on(SplitPattern::regex(pre == "qwen2" ? kQwen2Regex : kLlama3Regex, where),
-                                           SplitBehavior::Isolated),
-        BpeSpec::PreTokenizeStep::byte_level(false, false)};
+  // add_space_prefix (sentencepiece only, default true): llama.cpp honours it;
+  // Transformers always prepends, which is the same for files that say true.
+  const bool space_prefix = opt_int("tokenizer.ggml.add_space_prefix").value_or(1) != 0;
+  if (spm) {
+    // Transformers' LlamaTokenizer over the file (decision 47): Metaspace with
+    // the prefix on the first piece only, byte fallback, merges from the scores.
+    spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::metaspace(
+        "\xE2\x96\x81", space_prefix ? BpeSpec::PrependScheme::First : BpeSpec::PrependScheme::Never, false)};
+    using K = BpeSpec::DecodeStep::Kind;
+    std::vector<BpeSpec::DecodeStep> steps = {{K::Replace, "\xE2\x96\x81", " ", 0, 0, BpeSpec::PrependScheme::Always},
+                                              {K::ByteFallback, "", "", 0, 0, BpeSpec::PrependScheme::Always},
+                                              {K::Fuse, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
+    if (space_prefix) steps.push_back({K::Strip, " ", "", 1, 0, BpeSpec::PrependScheme::Always});
+    spec.decoder = steps;
+    spec.byte_fallback = true;
+    spec.fuse_unk = true;
   } else {
-    throw UnsupportedError(cat(where, " '", pre,
-                               "' is not supported (known: 'gpt-2', 'llama-bpe', 'llama3', 'qwen2')"));
+    const auto pre_it = md.find("tokenizer.ggml.pre");
+    const std::string pre = pre_it == md.end() ? std::string("(absent)") : pre_it->second.s;
+    const std::string where = cat(path, ": tokenizer.ggml.pre");
+    if (pre == "gpt-2") {
+      spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::byte_level(false, true)};
+    } else if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
+      spec.pre_tokenizer = {
+          BpeSpec::PreTokenizeStep::split_on(SplitPattern::regex(pre == "qwen2" ? kQwen2Regex : kLlama3Regex, where),
+                                             SplitBehavior::Isolated),
+          BpeSpec::PreTokenizeStep::byte_level(false, false)};
+    } else {
+      throw UnsupportedError(cat(where, " '", pre,
+                                 "' is not supported (known: 'gpt-2', 'llama-bpe', 'llama3', 'qwen2')"));
+    }
+    spec.decoder = std::vector<BpeSpec::DecodeStep>{
+        {BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
   }
-  spec.decoder = std::vector<BpeSpec::DecodeStep>{
-      {BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
 
   const Value& tokens = need("tokenizer.ggml.tokens", ARRAY);
   if (tokens.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.tokens: expected an array of strings"));
@@ -206,43 +227,59 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
       throw FileFormatError(cat(path, ": tokenizer.ggml.token_type has ", types.size(), " entries for ",
                                 tokens.strs.size(), " tokens"));
   }
-  for (size_t id = 0; id < tokens.strs.size(); ++id) {
-    const std::string& t = tokens.strs[id];
-    if (types[id] == kControl || types[id] == kUserDefined) {
-      AddedToken a;
-      a.content = t;
-      a.id = static_cast<int64_t>(id);
-      a.special = types[id] == kControl;
-      a.normalized = !a.special;
-      spec.added_tokens.push_back(a);
-    } else if (types[id] != kUnused) {
-      spec.vocab.emplace_back(t, static_cast<int64_t>(id));
-    }
-  }
-
-  const Value& merges = need("tokenizer.ggml.merges", ARRAY);
-  if (merges.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.merges: expected an array of strings"));
-  spec.merges.reserve(merges.strs.size());
-  for (size_t j = 0; j < merges.strs.size(); ++j) {
-    const std::string& m = merges.strs[j];
-    const size_t sp = m.find(' ');
-    if (sp == std::string::npos || m.find(' ', sp + 1) != std::string::npos)
-      throw FileFormatError(cat(path, ": tokenizer.ggml.merges[", j, "] '", m, "' is not two tokens joined by one space"));
-    spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
-  }
-
-  SpecialTokenIds ids;
   const auto id_of = [&](const char* key) -> std::optional<int64_t> {
     auto v = opt_int(key);
     if (v && (*v < 0 || *v >= static_cast<int64_t>(tokens.strs.size())))
       throw FileFormatError(cat(path, ": ", key, " ", *v, " is outside the ", tokens.strs.size(), " tokens"));
     return v;
   };
+  SpecialTokenIds ids;
   ids.bos = id_of("tokenizer.ggml.bos_token_id");
   ids.eos = id_of("tokenizer.ggml.eos_token_id");
   ids.unk = id_of("tokenizer.ggml.unknown_token_id");
   ids.pad = id_of("tokenizer.ggml.padding_token_id");
-  if (opt_int("tokenizer.ggml.add_bos_token").value_or(0)) {
+  for (size_t id = 0; id < tokens.strs.size(); ++id) {
+    const std::string& t = tokens.strs[id];
+    const int64_t i = static_cast<int64_t>(id);
+    // Sentencepiece: bos/eos/unk/pad are special too (Transformers adds them as such).
+    const bool named = spm && (ids.bos == i || ids.eos == i || ids.unk == i || ids.pad == i);
+    if (types[id] == kControl || types[id] == kUserDefined || named) {
+      AddedToken a;
+      a.content = t;
+      a.id = i;
+      a.special = types[id] != kUserDefined;
+      a.normalized = !spm && !a.special;
+      spec.added_tokens.push_back(a);
+      if (spm) spec.vocab.emplace_back(t, i);  // a sentencepiece BPE keeps every piece in its vocabulary
+    } else if (spm || types[id] != kUnused) {
+      spec.vocab.emplace_back(t, i);
+    }
+  }
+
+  if (spm) {
+    const Value& scores = need("tokenizer.ggml.scores", ARRAY);
+    if (scores.reals.size() != tokens.strs.size() || (scores.elem != F32 && scores.elem != F64))
+      throw FileFormatError(cat(path, ": tokenizer.ggml.scores has ", scores.reals.size(), " float entries for ",
+                                tokens.strs.size(), " tokens"));
+    for (size_t j = 0; j < scores.reals.size(); ++j)
+      if (scores.reals[j] != scores.reals[j])
+        throw FileFormatError(cat(path, ": tokenizer.ggml.scores[", j, "] is NaN"));
+    spec.merges = spm_merges(tokens.strs, scores.reals);
+  } else {
+    const Value& merges = need("tokenizer.ggml.merges", ARRAY);
+    if (merges.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.merges: expected an array of strings"));
+    spec.merges.reserve(merges.strs.size());
+    for (size_t j = 0; j < merges.strs.size(); ++j) {
+      const std::string& m = merges.strs[j];
+      const size_t sp = m.find(' ');
+      if (sp == std::string::npos || m.find(' ', sp + 1) != std::string::npos)
+        throw FileFormatError(cat(path, ": tokenizer.ggml.merges[", j, "] '", m, "' is not two tokens joined by one space"));
+      spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
+    }
+  }
+
+  // llama.cpp adds bos to a sentencepiece vocabulary that does not say otherwise.
+  if (opt_int("tokenizer.ggml.add_bos_token").value_or(spm ? 1 : 0)) {
     if (!ids.bos) throw FileFormatError(cat(path, ": tokenizer.ggml.add_bos_token is true but there is no bos_token_id"));
     spec.prefix_ids = {*ids.bos};
   }

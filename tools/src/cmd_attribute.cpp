@@ -26,7 +26,9 @@ const std::vector<Flag>& attribute_flags() {
   static const std::vector<Flag> flags = [] {
     std::vector<Flag> f = {
         {"--transcoders", "DIR", "one SAELens transcoder folder per layer (cfg.json + sae_weights.safetensors), each "
-                                 "reading its layer's MLP input and writing the MLP output"},
+                                 "reading its layer's MLP input and writing the MLP output; or a cross-layer transcoder "
+                                 "in circuit-tracer's layout (a folder of W_enc_i / W_dec_i.safetensors, or one "
+                                 ".safetensors file holding those tensors), found by its W_enc_0"},
         {"--prompt", "TEXT", "the prompt (tokenized with the model folder's tokenizer)"},
         {"--input-ids", "FILE.safetensors", "the prompt as token ids: input_ids [T] or [1, T]"},
         {"--out", "GRAPH.json", "the graph file (Neuronpedia's graph viewer format)"},
@@ -56,7 +58,7 @@ const std::vector<Flag>& attribute_flags() {
 
 // --intervene: the top next-token logits clean and intervened, and the
 // greedy continuation with --max-new-tokens.
-int print_interventions(const Args& args, CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+int print_interventions(const Args& args, CausalLM& model, const Transcoders& transcoders,
                         const at::Tensor& ids, const Tokenizer* tok) {
   std::vector<FeatureIntervention> ivs;
   for (const auto& text : args.all("--intervene")) ivs.push_back(parse_feature_intervention(text));
@@ -157,7 +159,7 @@ int run_attribute(const std::vector<std::string>& argv) {
     ids = at::tensor(v, at::kLong);
   }
   auto model = load_model(dir, args);
-  const auto transcoders = load_transcoders(*tc_dir, model->config().num_hidden_layers);
+  const Transcoders transcoders = load_attribution_transcoders(*tc_dir, model->config().num_hidden_layers);
   if (intervening) return print_interventions(args, *model, transcoders, ids, tok.get());
   const AttributionGraph graph = attribute(*model, transcoders, ids, o);
   const PrunedGraph pruned = prune_graph(graph, node_threshold, edge_threshold);

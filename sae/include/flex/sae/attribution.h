@@ -34,15 +34,33 @@
 // probabilities after it), on
 // the CPU, one process. Others: UnsupportedError.
 #include <flex/models/causal_lm.h>
+#include <flex/sae/cross_layer_transcoder.h>
 #include <flex/sae/sparse_dictionary.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
+#include <utility>
 
 namespace flex {
+
+/// What attribution, interventions and --transcoders take: one transcoder
+/// per layer, or one cross-layer transcoder (flex/sae/cross_layer_transcoder.h:
+/// a feature of layer l writes into every MLP output l..L-1, so its edge to
+/// a target is a * sum_{l' >= l} W_dec[l, f, l'] . g_{l'}; error nodes are
+/// each layer's MLP output minus the CLT's total reconstruction there;
+/// design decision 44). Either converts implicitly.
+struct Transcoders {
+  std::vector<std::shared_ptr<SparseDictionary>> per_layer;
+  std::shared_ptr<CrossLayerTranscoder> cross_layer;
+
+  Transcoders(std::vector<std::shared_ptr<SparseDictionary>> layers) : per_layer(std::move(layers)) {}
+  Transcoders(std::initializer_list<std::shared_ptr<SparseDictionary>> layers) : per_layer(layers) {}
+  Transcoders(std::shared_ptr<CrossLayerTranscoder> clt) : cross_layer(std::move(clt)) {}
+};
 
 struct AttributionOptions {
   /// Logit nodes: the most probable tokens at the last position until their
@@ -84,14 +102,15 @@ struct AttributionGraph {
 };
 
 /// The attribution graph of `input_ids` ([T] or [1, T]) through
-/// `transcoders` (element l: layer l's, every layer one). Errors:
+/// `transcoders` (per layer: element l is layer l's, every layer one; or a
+/// CLT spanning every layer). Errors:
 /// ConfigError naming the transcoder's file and both shapes when its width
 /// or hooks do not fit the layer; ShapeError for a prompt longer than the
 /// model's context or an empty one; ConfigError for an option out of range;
 /// UnsupportedError for an architecture or transcoder kind outside the list
 /// above. The model's parameters are left as they were.
-AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
-                           const at::Tensor& input_ids, const AttributionOptions& options = {});
+AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids,
+                           const AttributionOptions& options = {});
 
 /// The per-layer transcoders in `dir`: every subfolder a SAELens folder
 /// (cfg.json + sae_weights.safetensors) whose hook_name names its layer
@@ -100,5 +119,11 @@ AttributionGraph attribute(CausalLM& model, const std::vector<std::shared_ptr<Sp
 /// that is not a transcoder, whose layer cannot be read, a layer given twice
 /// or one of the n_layers missing.
 std::vector<std::shared_ptr<SparseDictionary>> load_transcoders(const std::string& dir, int64_t n_layers);
+
+/// What --transcoders names: a CLT (is_cross_layer_transcoder: a folder with
+/// W_enc_0.safetensors or one such file) or a folder of per-layer
+/// transcoders (load_transcoders). A CLT's layer count is checked against
+/// n_layers here (ConfigError naming the path and both counts).
+Transcoders load_attribution_transcoders(const std::string& path, int64_t n_layers);
 
 }  // namespace flex

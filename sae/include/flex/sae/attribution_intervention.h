@@ -5,14 +5,16 @@
 // at each layer with an intervention, the transcoder reads the MLP input of
 // this (intervened) pass, and the MLP output gains
 //   (value - a) * W_dec[feature]   at that position,
-// a being the feature's activation there. Features not intervened on move
+// a being the feature's activation there (a cross-layer transcoder's
+// feature of layer l: (value - a) * W_dec[l, feature, l'] added to every
+// layer l' >= l's MLP output). Features not intervened on move
 // only through the real MLPs. frozen_attention keeps every attention pattern
 // at the clean run's (norm denominators are not frozen, as in circuit-tracer);
 // otherwise the attention recomputes its patterns (the normal forward).
 //
 //   auto logits = flex::intervene(*model, transcoders, ids, {{1, -1, 7, 0.0}});
 #include <flex/models/causal_lm.h>
-#include <flex/sae/sparse_dictionary.h>
+#include <flex/sae/attribution.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -37,10 +39,10 @@ struct FeatureIntervention {
 FeatureIntervention parse_feature_intervention(const std::string& text);
 
 /// The logits [T, V] of `input_ids` ([T] or [1, T]) with the interventions
-/// applied through `transcoders` (one per layer, as attribute() takes them).
+/// applied through `transcoders` (per layer or a CLT, as attribute() takes them).
 /// Errors: ConfigError naming the intervention whose layer, position or
 /// feature is out of range; the transcoder checks of attribute().
-at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+at::Tensor intervene(CausalLM& model, const Transcoders& transcoders,
                      const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                      bool frozen_attention = true);
 
@@ -51,7 +53,7 @@ at::Tensor intervene(CausalLM& model, const std::vector<std::shared_ptr<SparseDi
 /// intervened (and, frozen, the clean-pattern) values a KV cache would hold,
 /// new positions attend afresh. Returns the ids [T + max_new_tokens];
 /// step_logits, when given, gets each step's last-position logits [n, V].
-at::Tensor intervene_generate(CausalLM& model, const std::vector<std::shared_ptr<SparseDictionary>>& transcoders,
+at::Tensor intervene_generate(CausalLM& model, const Transcoders& transcoders,
                               const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                               int64_t max_new_tokens, bool frozen_attention = true, at::Tensor* step_logits = nullptr);
 

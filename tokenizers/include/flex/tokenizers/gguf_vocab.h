@@ -6,11 +6,15 @@
 //
 // Supported: tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, token_type,
 // merges) with tokenizer.ggml.pre "gpt-2", "llama-bpe" / "llama3" or "qwen2",
-// the pre-tokenizer regexes of GPT-2, Llama 3 and Qwen2. CONTROL tokens become
-// special added tokens, USER_DEFINED ones plain added tokens; add_bos_token /
-// add_eos_token put bos / eos around the sequence. Anything else ("llama"
-// SentencePiece scores, other pre families) throws flex::UnsupportedError naming
-// the file, the key and its value. Torch-free: it reads only the metadata.
+// the pre-tokenizer regexes of GPT-2, Llama 3 and Qwen2; and "llama"
+// (sentencepiece: tokens, scores, token_type, <0xNN> byte tokens), tokenized
+// as Transformers tokenizes such a file: merges rebuilt from the scores,
+// Metaspace ("▁" prefix unless add_space_prefix is false), byte fallback, bos
+// added unless add_bos_token is false. CONTROL tokens become special added
+// tokens, USER_DEFINED ones plain added tokens; add_bos_token / add_eos_token
+// put bos / eos around the sequence. Anything else (other models such as "t5",
+// other pre families) throws flex::UnsupportedError naming the file, the key
+// and its value. Torch-free: it reads only the metadata.
 #include <flex/tokenizers/tokenizer.h>
 
 #include <memory>

@@ -1,0 +1,94 @@
+#include "attribution_coders.h"
+
+#include <flex/hooks/errors.h>
+
+#include <ATen/ATen.h>
+
+namespace flex::detail {
+
+at::Tensor LayerCoder::pre(const at::Tensor& x) const {
+  return at::matmul(in_shift.defined() ? x - in_shift : x, W_enc) + b_enc;
+}
+
+at::Tensor LayerCoder::act(const at::Tensor& p) const {
+  if (!threshold.defined()) return at::relu(p);
+  return (relu_then_threshold ? at::relu(p) : p) * p.gt(threshold);
+}
+
+at::Tensor LayerCoder::skip(const at::Tensor& x) const { return at::matmul(x, W_skip.t()); }
+
+namespace {
+
+std::string coder_shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& places, const CrossLayerTranscoder& c,
+                                   at::ScalarType dt) {
+  const int64_t L = static_cast<int64_t>(places.mlps.size()), d = model.config().hidden_size;
+  const std::string who = "attribution: the cross-layer transcoder '" + c.source + "'";
+  if (c.n_layers() != L)
+    throw ConfigError(who + " spans " + std::to_string(c.n_layers()) + " layers (b_dec " + coder_shape_text(c.b_dec) +
+                      "), the model has " + std::to_string(L));
+  if (c.d_model() != d)
+    throw ConfigError(who + ": W_enc " + coder_shape_text(c.W_enc) + " and b_dec " + coder_shape_text(c.b_dec) + " have width " +
+                      std::to_string(c.d_model()) + ", the model's MLP input and output have " + std::to_string(d));
+  if (c.W_enc.sizes() != at::IntArrayRef({L, c.d_transcoder(), d}) || (c.jump_relu() && c.threshold.sizes() != c.b_enc.sizes()) ||
+      static_cast<int64_t>(c.W_dec.size()) != L)
+    throw ConfigError(who + ": W_enc " + coder_shape_text(c.W_enc) + ", b_enc " + coder_shape_text(c.b_enc) +
+                      (c.jump_relu() ? ", threshold " + coder_shape_text(c.threshold) : std::string()) + " and " +
+                      std::to_string(c.W_dec.size()) + " W_dec tensors do not fit " + std::to_string(L) + " layers of width " +
+                      std::to_string(d));
+  for (int64_t l = 0; l < L; ++l)
+    if (c.W_dec[l].sizes() != at::IntArrayRef({c.d_transcoder(), L - l, d}))
+      throw ConfigError(who + ": W_dec_" + std::to_string(l) + " has shape " + coder_shape_text(c.W_dec[l]) + ", not [" +
+                        std::to_string(c.d_transcoder()) + ", " + std::to_string(L - l) + ", " + std::to_string(d) + "]");
+  std::vector<LayerCoder> out(L);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerCoder& lc = out[l];
+    lc.source = c.source + " (layer " + std::to_string(l) + ")";
+    lc.W_enc = c.W_enc[l].detach().t().to(dt);
+    lc.b_enc = c.b_enc[l].detach().to(dt);
+    lc.b_dec = c.b_dec[l].detach().to(dt);
+    if (c.jump_relu()) lc.threshold = c.threshold[l].detach().to(dt);
+    lc.relu_then_threshold = false;
+    const at::Tensor w = c.W_dec[l].detach().to(dt);  // [F, L - l, d]
+    for (int64_t k = 0; k < L - l; ++k) lc.W_dec.push_back(w.select(1, k));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<LayerCoder> layer_coders(CausalLM& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt) {
+  if (t.cross_layer) return clt_coders(model, places, *t.cross_layer, dt);
+  check_transcoders(model, places, t.per_layer);
+  std::vector<LayerCoder> out;
+  for (const auto& sd : t.per_layer) {
+    LayerCoder lc;
+    lc.source = sd->config().source;
+    lc.W_enc = sd->W_enc.detach().to(dt);
+    lc.b_enc = sd->b_enc.detach().to(dt);
+    lc.b_dec = sd->b_dec.detach().to(dt);
+    if (sd->config().apply_b_dec_to_input) lc.in_shift = lc.b_dec;
+    if (sd->config().has_skip()) lc.W_skip = sd->W_skip.detach().to(dt);
+    if (sd->config().jump()) lc.threshold = sd->threshold.detach().to(dt);
+    lc.W_dec.push_back(sd->W_dec.detach().to(dt));
+    out.push_back(std::move(lc));
+  }
+  return out;
+}
+
+at::Tensor reconstruction(const std::vector<LayerCoder>& coders, const std::vector<at::Tensor>& acts, int64_t l,
+                          const at::Tensor& x) {
+  at::Tensor r;
+  for (int64_t l0 = 0; l0 <= l; ++l0) {
+    const int64_t k = l - l0;
+    if (k >= static_cast<int64_t>(coders[l0].W_dec.size())) continue;
+    const at::Tensor part = at::matmul(acts[l0], coders[l0].W_dec[k]);
+    r = r.defined() ? r + part : part;
+  }
+  r = r + coders[l].b_dec;
+  if (coders[l].W_skip.defined()) r = r + coders[l].skip(x);
+  return r;
+}
+
+}  // namespace flex::detail

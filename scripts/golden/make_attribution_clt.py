@@ -1,0 +1,135 @@
+"""Golden attribution graph through a cross-layer transcoder (CLT) from circuit-tracer 0.5.0.
+
+Run with the venv of `bash scripts/golden/setup.sh --attribution`
+(circuit-tracer 0.5.0, transformer-lens 2.16.1, transformers 4.57.3, torch 2.13):
+
+    PY=$(bash scripts/golden/setup.sh --attribution)
+    $PY scripts/golden/make_attribution_clt.py
+
+The models and prompts are make_attribution.py's (the GPT-2 and Llama test
+fixtures in TransformerLens, no norm folding). The CLT is random, seeded:
+JumpReLU (thresholds in [0, 0.3), a quarter of them 0), features reading
+blocks.L.mlp.hook_in and writing blocks.L'.mlp.hook_out for every L' >= L,
+as circuit-tracer's CrossLayerTranscoder (no skip: its load_clt reads none).
+It is written by circuit-tracer's own to_safetensors (what flexmodel's
+--transcoders reads). Written, for FAMILY in gpt2, llama:
+
+  FAMILY-clt/                        W_enc_{0,1}.safetensors, W_dec_{0,1}.safetensors
+  FAMILY-clt-circuit-tracer.safetensors
+        input_ids, active_features, activation_values, selected_features,
+        logit_tokens, logit_probabilities, adjacency [N, N] (attribute(),
+        batch_size 16), node_mask, edge_mask, cumulative_scores (prune_graph
+        at 0.8 / 0.98); interventions [2, 4] (layer, position, feature, value)
+        and frozen_logits / unfrozen_logits [T, V] (feature_intervention with
+        freeze_attention True / False), clean_logits [T, V]
+"""
+
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+import circuit_tracer
+from circuit_tracer.attribution.attribute import attribute
+from circuit_tracer.graph import prune_graph
+from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
+from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_attribution import OUT, PROMPTS, IdTokenizer, gpt2_model, llama_model  # noqa: E402
+
+assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
+
+D_CLT = 16
+BATCH = 16
+
+
+def random_clt(d_model, n_layers):
+    torch.manual_seed(44)
+    clt = CrossLayerTranscoder(n_layers, D_CLT, d_model, activation_function="jump_relu", lazy_decoder=False,
+                               feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+                               device=torch.device("cpu"), dtype=torch.float32)
+    with torch.no_grad():
+        # Pre-activations of a few units on the norm's unit-scale output.
+        clt.W_enc.copy_(torch.randn(n_layers, D_CLT, d_model) * 2.0 / d_model**0.5)
+        clt.b_enc.copy_(torch.randn(n_layers, D_CLT) * 0.3)
+        clt.b_dec.copy_(torch.randn(n_layers, d_model) * 0.1)
+        for i in range(n_layers):
+            clt.W_dec[i].copy_(torch.randn(D_CLT, n_layers - i, d_model) * 0.2)
+        threshold = torch.rand(n_layers, 1, D_CLT) * 0.3
+        threshold[torch.rand(n_layers, 1, D_CLT) < 0.25] = 0.0
+        clt.activation_function.threshold.copy_(threshold)
+    return clt
+
+
+def make(family):
+    cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
+    folder = os.path.join(OUT, f"{family}-clt")
+    random_clt(cfg.d_model, cfg.n_layers).to_safetensors(folder)
+    for f in os.listdir(folder):
+        os.chmod(os.path.join(folder, f), 0o644)
+
+    def replacement_model():
+        # Read back from the files, as a user's CLT would be.
+        from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+        clt = load_clt(folder, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+                       scan=f"flexmodel-{family}-clt", device=torch.device("cpu"), dtype=torch.float32,
+                       lazy_decoder=False)
+        model = TransformerLensReplacementModel(cfg)
+        missing, _ = model.load_state_dict(weights, strict=False)
+        assert not [k for k in missing if "IGNORE" not in k and "mask" not in k and "rotary" not in k], missing
+        model._configure_replacement_model(clt)
+        model.tokenizer = IdTokenizer(PROMPTS[family][0])
+        return model.eval()
+
+    model = replacement_model()
+    prompt = torch.tensor(PROMPTS[family])
+    graph = attribute(prompt, model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
+    node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+
+    # Interventions: an active layer-0 feature at position 3 switched off
+    # (it writes into layers 0 and 1), an active layer-0 feature at the last
+    # position doubled.
+    clean, acts = model.feature_intervention(prompt, [], freeze_attention=False)
+    acts = acts.to_dense() if acts.is_sparse else acts  # [L, T, F]
+    T = prompt.numel()
+    on3 = int(acts[0, 3].nonzero()[0])
+    on_last = int(acts[0, T - 1].nonzero()[0])
+    ivs = [(0, 3, on3, 0.0), (0, T - 1, on_last, 2.0 * float(acts[0, T - 1, on_last]))]
+    frozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=True)
+    unfrozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=False)
+
+    out = {
+        "input_ids": graph.input_tokens.to(torch.int64),
+        "active_features": graph.active_features.to(torch.int64).contiguous(),
+        "activation_values": graph.activation_values.float().contiguous(),
+        "selected_features": graph.selected_features.to(torch.int64),
+        "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets], dtype=torch.int64),
+        "logit_probabilities": graph.logit_probabilities.float(),
+        "adjacency": graph.adjacency_matrix.float().contiguous(),
+        "node_mask": node_mask.to(torch.uint8),
+        "edge_mask": edge_mask.to(torch.uint8).contiguous(),
+        "cumulative_scores": cumulative.float(),
+        "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
+        "clean_logits": clean.reshape(T, -1).float().contiguous(),
+        "frozen_logits": frozen.reshape(T, -1).float().contiguous(),
+        "unfrozen_logits": unfrozen.reshape(T, -1).float().contiguous(),
+    }
+    path = os.path.join(OUT, f"{family}-clt-circuit-tracer.safetensors")
+    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
+                                   "torch": torch.__version__, "batch_size": str(BATCH)})
+    os.chmod(path, 0o644)
+    print(f"{family} CLT: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
+          f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept; "
+          f"interventions {ivs}: largest logit change frozen {(frozen - clean).abs().max():.4g}, "
+          f"unfrozen {(unfrozen - clean).abs().max():.4g}", file=sys.stderr)
+
+
+def main():
+    for family in sys.argv[1:] or ["gpt2", "llama"]:
+        make(family)
+
+
+if __name__ == "__main__":
+    main()

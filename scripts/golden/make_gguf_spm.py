@@ -1,0 +1,124 @@
+"""A sentencepiece ("llama") vocabulary in GGUF, written by make_gguf.py last:
+
+  vocab-spm.gguf          tokenizer-only GGUF as llama.cpp's converter writes a
+                          sentencepiece vocabulary (_set_vocab_sentencepiece):
+                          tokenizer.ggml.model "llama", tokens with scores and
+                          token types (<unk> UNKNOWN, <s> </s> CONTROL, the 256
+                          <0xNN> BYTE tokens, a USER_DEFINED token, NORMAL
+                          pieces), no merges, add_bos_token, add_space_prefix.
+                          The pieces: every character of a small corpus except
+                          a few (so those fall back to bytes), then the most
+                          frequent adjacent pairs merged 80 times, scored by
+                          merge order (a sentencepiece BPE model's scores)
+  vocab-spm.expected.json Transformers 5.23's tokenizer for that file
+                          (AutoTokenizer with gguf_file: merges rebuilt from the
+                          scores, Metaspace, byte fallback): ids with special
+                          tokens and decoding, for a set of strings
+"""
+
+import collections
+import json
+import os
+
+import gguf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "data", "gguf")
+SP = "\u2581"
+
+CORPUS = ("the quick brown fox jumps over the lazy dog . hello world , hello there ! the world is wide and the "
+          "sea is deep ; they said it is 1234 or 567 . caf\u00e9 na\u00efve \u00fcber \u65e5\u672c the end of the "
+          "story is near , and then another story begins with the same words over and over again")
+# Characters left out of the vocabulary: text with them falls back to <0xNN> bytes.
+NOT_IN_VOCAB = set("zq\u672c")
+
+STRINGS = [
+    "Hello world", "hello there, the world!", "  leading spaces and   gaps  ", "digits 1234567 and 3.14",
+    "line one\nline two", "unicode: caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001F642 \u00d1", "zebra quiz",
+    "tabs\tand\r\nCRLF", "<s> inside text </s>", "the <mask> token", "", " ", "a", "over and over",
+]
+
+
+def spm_vocab():
+    words = [SP + w for w in CORPUS.split(" ")]
+    chars = []
+    for w in words:
+        for c in w:
+            if c not in chars and c not in NOT_IN_VOCAB:
+                chars.append(c)
+    seqs = [[c for c in w] for w in words]
+    pieces = []
+    for _ in range(80):  # deterministic BPE: most frequent pair, ties by first occurrence
+        counts = collections.Counter()
+        first = {}
+        for s in seqs:
+            for a, b in zip(s, s[1:]):
+                if a + b == "" or (set(a + b) & NOT_IN_VOCAB):
+                    continue
+                counts[(a, b)] += 1
+                first.setdefault((a, b), len(first))
+        if not counts:
+            break
+        best = max(counts, key=lambda p: (counts[p], -first[p]))
+        pieces.append(best[0] + best[1])
+        for s in seqs:
+            i = 0
+            while i < len(s) - 1:
+                if (s[i], s[i + 1]) == best:
+                    s[i:i + 2] = [best[0] + best[1]]
+                i += 1
+    tokens, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [
+        gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>"); scores.append(0.0); types.append(gguf.TokenType.BYTE)
+    tokens.append("<mask>"); scores.append(0.0); types.append(gguf.TokenType.USER_DEFINED)
+    for i, p in enumerate(pieces):  # sentencepiece BPE: score -rank
+        tokens.append(p); scores.append(-float(i)); types.append(gguf.TokenType.NORMAL)
+    for i, c in enumerate(chars):
+        if c not in tokens:
+            tokens.append(c); scores.append(-1000.0 - i); types.append(gguf.TokenType.NORMAL)
+    return tokens, scores, types
+
+
+def write_spm():
+    from transformers import AutoTokenizer
+    tokens, scores, types = spm_vocab()
+    path = os.path.join(OUT, "vocab-spm.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("flexmodel gguf sentencepiece vocabulary")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-spm.gguf")
+    ids = [tok(s)["input_ids"] for s in STRINGS]
+    expected = {"strings": STRINGS, "ids": ids,
+                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
+                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+    # The test is worth its name only if byte fallback and merges both happen.
+    assert any(tokens[i].startswith("<0x") for i in ids[5]), ids[5]
+    assert any(len(tokens[i]) > 3 and not tokens[i].startswith("<") for i in ids[0])
+    with open(os.path.join(OUT, "vocab-spm.expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    return tok
+
+
+def main():
+    write_spm()
+
+
+if __name__ == "__main__":
+    tok = write_spm()
+    print(tok.backend_tokenizer.to_str()[:1500])

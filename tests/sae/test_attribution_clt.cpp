@@ -1,0 +1,284 @@
+// Attribution graphs and interventions through a cross-layer transcoder
+// (flex/sae/cross_layer_transcoder.h, design decision 44):
+//   - against the independent float64 frozen replacement
+//     (tests/common/attribution_reference.h, CLT written out by hand): the
+//     active features, every edge equal to the finite difference, and
+//     completeness, on the GPT-2 (JumpReLU, some thresholds negative) and
+//     Llama (ReLU) fixtures; interventions' logits;
+//   - side by side with circuit-tracer 0.5.0 (scripts/golden/make_attribution_clt.py:
+//     tests/data/attribution/FAMILY-clt/ written by its to_safetensors):
+//     the same nodes, edges within 1e-4 relative, the same pruned graph,
+//     the same intervened logits;
+//   - the one-file form equals the folder; typed errors for a mis-shaped CLT.
+#include <flex/dispatch/safetensors.h>
+#include <flex/hooks/errors.h>
+#include <flex/models/auto_model.h>
+#include <flex/sae/attribution.h>
+#include <flex/sae/attribution_graph.h>
+#include <flex/sae/attribution_intervention.h>
+#include <flex/sae/cross_layer_transcoder.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "attribution_reference.h"
+#include "expect_error.h"
+#include "test_util.h"
+
+using namespace flex;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<CausalLM> model(const std::string& name, at::ScalarType dt = at::kDouble) {
+  return load_pretrained(flex_test::fixture("models/" + name), dt);
+}
+
+// A random CLT for `m`: JumpReLU with thresholds in [-0.1, 0.3) (circuit-tracer's
+// pre * (pre > t): a negative threshold lets a negative activation through), or ReLU.
+std::shared_ptr<CrossLayerTranscoder> random_clt(const CausalLM& m, bool jump, int64_t F = 16, int64_t seed = 44) {
+  const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers;
+  at::manual_seed(seed);
+  auto c = std::make_shared<CrossLayerTranscoder>();
+  const double in_scale = m.base_model_prefix() == "transformer" ? 0.25 : 2.0;
+  c->W_enc = (at::randn({L, F, d}) * in_scale / std::sqrt(double(d))).to(at::kDouble);
+  c->b_enc = (at::randn({L, F}) * 0.3).to(at::kDouble);
+  c->b_dec = (at::randn({L, d}) * 0.1).to(at::kDouble);
+  for (int64_t l = 0; l < L; ++l) c->W_dec.push_back((at::randn({F, L - l, d}) * 0.2).to(at::kDouble));
+  if (jump) c->threshold = (at::rand({L, F}) * 0.4 - 0.1).to(at::kDouble);
+  c->source = "test/clt";
+  return c;
+}
+
+at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }
+
+void check_against_reference(const std::string& name, bool jump) {
+  SCOPED_TRACE(name);
+  auto m = model(name);
+  auto clt = random_clt(*m, jump);
+  AttributionOptions o;
+  o.batch_size = 7;
+  o.max_n_logits = 4;
+  o.desired_logit_prob = 0.99;
+  const AttributionGraph g = attribute(*m, clt, prompt(), o);
+  flex_test::AttributionReference ref(*m, *clt, prompt());
+  const int64_t L = g.n_layers, T = g.n_pos, S = g.n_features();
+
+  std::vector<at::Tensor> expect;
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor nz = ref.sources.acts[l].nonzero();
+    expect.push_back(at::cat({at::full({nz.size(0), 1}, l, at::kLong), nz}, 1));
+  }
+  ASSERT_TRUE(flex_test::equal(g.active_features, at::cat(expect)));
+  ASSERT_GT(S, 20) << "too few active features to test anything";
+  const at::Tensor f = g.active_features.index_select(0, g.selected_features);
+  std::vector<at::Tensor> acts;
+  for (int64_t i = 0; i < S; ++i)
+    acts.push_back(ref.sources.acts[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()]);
+  EXPECT_TRUE(flex_test::close(g.activations.index_select(0, g.selected_features), at::stack(acts), 1e-9, 1e-11));
+  if (jump) EXPECT_GT(g.activations.lt(0).sum().item<int64_t>(), 0) << "no negative activation: the JumpReLU path is untested";
+
+  // Every edge: frozen(S) - frozen(S with the source zeroed).
+  const at::Tensor value = ref.targets(ref.sources, f, g.logit_tokens);
+  const at::Tensor bias = ref.targets(ref.zeroed(), f, g.logit_tokens);
+  std::vector<at::Tensor> cols;
+  for (int64_t i = 0; i < S + L * T + T; ++i) {
+    auto s = ref.copy();
+    if (i < S) {
+      s.acts[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()] = 0.0;
+    } else if (i < S + L * T) {
+      s.errors[(i - S) / T][(i - S) % T].zero_();
+    } else {
+      s.embed[i - S - L * T].zero_();
+    }
+    cols.push_back(value - ref.targets(s, f, g.logit_tokens));
+  }
+  const at::Tensor want = at::stack(cols, 1);
+  const int64_t K = g.logit_tokens.size(0), N = g.n_nodes();
+  const at::Tensor rows = at::cat({g.adjacency.narrow(0, 0, S), g.adjacency.narrow(0, N - K, K)}).narrow(1, 0, g.logit_offset());
+  const double scale = want.abs().max().item<double>();
+  EXPECT_TRUE(flex_test::close(rows, want, 1e-8, 1e-10 * scale)) << "edges vs frozen-replacement differences";
+  const at::Tensor diff = (rows - want).abs();
+  const int64_t worst = diff.argmax().item<int64_t>();
+  // A layer-0 feature reaches a layer-1 target through its layer-1 decoder
+  // too: the edges differ from what its layer-0 decoder alone gives.
+  std::cout << name << " CLT: " << S << " features, " << N << " nodes; largest |edge - reference| "
+            << diff.max().item<double>() << " at [target row " << worst / rows.size(1) << ", source " << worst % rows.size(1)
+            << "] (largest edge " << scale << ")\n";
+  const at::Tensor sums = rows.sum(1) + bias;
+  const at::Tensor values = at::cat({g.pre_activations.index_select(0, g.selected_features), value.narrow(0, S, K)});
+  EXPECT_TRUE(flex_test::close(sums, values, 1e-9, 1e-10)) << "completeness";
+  EXPECT_TRUE(flex_test::close(value.narrow(0, 0, S), g.pre_activations.index_select(0, g.selected_features), 1e-9, 1e-10));
+  std::cout << name << " CLT: completeness, largest |sum of edges + bias - value| "
+            << (sums - values).abs().max().item<double>() << "\n";
+}
+
+// The reference with a CLT's decoder into layer 1 zeroed: the edges from
+// layer-0 features into logits then change (they write into both layers).
+void check_interventions_against_reference(const std::string& name, bool frozen) {
+  SCOPED_TRACE(name);
+  auto m = model(name);
+  auto clt = random_clt(*m, /*jump=*/true);
+  flex_test::AttributionReference ref(*m, *clt, prompt(), /*zero_first=*/false);
+  const at::Tensor a2 = ref.sources.acts[0][2], a5 = ref.sources.acts[0][5];
+  ASSERT_GT(a2.ne(0).sum().item<int64_t>(), 0);
+  ASSERT_GT(a5.ne(0).sum().item<int64_t>(), 0);
+  const int64_t on2 = a2.ne(0).nonzero()[0][0].item<int64_t>(), on5 = a5.ne(0).nonzero()[0][0].item<int64_t>();
+  const at::Tensor got = intervene(*m, clt, prompt(), {{0, 2, on2, 0.0, false}, {0, -2, on5, 2.5, true}}, frozen);
+  const at::Tensor want = ref.edited_logits({{0, 2, on2, 0.0}, {0, 5, on5, 2.5, true}}, frozen);
+  const at::Tensor clean = ref.edited_logits({}, true);
+  const double moved = (want - clean).abs().max().item<double>();
+  EXPECT_GT(moved, 1e-2) << "the edits barely move the logits";
+  const double tol = name == "gpt2" ? 1e-11 : 2e-6;  // Llama's plain norms run in float32
+  EXPECT_TRUE(flex_test::close(got, want, tol, tol * moved));
+  std::cout << name << (frozen ? " frozen" : " unfrozen") << " CLT interventions: largest |logit - reference| "
+            << (got - want).abs().max().item<double>() << ", largest change from the edits " << moved << "\n";
+}
+
+struct Golden {
+  std::string family;
+  std::shared_ptr<SafetensorsFile> file =
+      SafetensorsFile::open(flex_test::data_path("attribution/" + family + "-clt-circuit-tracer.safetensors"));
+  at::Tensor get(const std::string& name) const { return file->get(name); }
+  std::string clt_dir() const { return flex_test::data_path("attribution/" + family + "-clt"); }
+};
+
+void compare_with_circuit_tracer(const std::string& family) {
+  SCOPED_TRACE(family);
+  const Golden golden{family};
+  auto m = load_pretrained(flex_test::fixture("models/" + family));
+  const Transcoders tc = load_attribution_transcoders(golden.clt_dir(), 2);
+  ASSERT_TRUE(tc.cross_layer && tc.per_layer.empty()) << "the folder is not read as a CLT";
+  AttributionOptions o;
+  o.batch_size = 16;
+  const AttributionGraph g = attribute(*m, tc, golden.get("input_ids"), o);
+  ASSERT_TRUE(flex_test::equal(g.active_features, golden.get("active_features")));
+  EXPECT_TRUE(flex_test::close(g.activations, golden.get("activation_values"), 1e-4, 1e-5));
+  ASSERT_TRUE(flex_test::equal(g.selected_features, golden.get("selected_features")));
+  ASSERT_TRUE(flex_test::equal(g.logit_tokens, golden.get("logit_tokens")));
+  EXPECT_TRUE(flex_test::close(g.logit_probabilities, golden.get("logit_probabilities"), 1e-4, 1e-6));
+  const at::Tensor theirs = golden.get("adjacency");
+  ASSERT_EQ(g.adjacency.sizes(), theirs.sizes());
+  const double scale = theirs.abs().max().item<double>();
+  EXPECT_TRUE(flex_test::close(g.adjacency, theirs, 1e-4, 1e-4 * scale));
+  const at::Tensor diff = (g.adjacency - theirs).abs();
+  const int64_t worst = diff.argmax().item<int64_t>();
+  std::cout << family << " CLT: largest |flexmodel - circuit-tracer| edge difference " << diff.max().item<double>()
+            << " at [target " << worst / theirs.size(1) << ", source " << worst % theirs.size(1) << "] (largest edge "
+            << scale << ", " << theirs.ne(0).sum().item<int64_t>() << " nonzero edges)\n";
+  const PrunedGraph p = prune_graph(g, 0.8, 0.98);
+  EXPECT_TRUE(flex_test::equal(p.node_mask.to(at::kByte), golden.get("node_mask")));
+  EXPECT_TRUE(flex_test::equal(p.edge_mask.to(at::kByte), golden.get("edge_mask")));
+  EXPECT_TRUE(flex_test::close(p.cumulative_scores, golden.get("cumulative_scores"), 1e-4, 1e-6));
+
+  // Interventions: circuit-tracer's feature_intervention, frozen and not.
+  const at::Tensor ivt = golden.get("interventions");
+  std::vector<FeatureIntervention> ivs;
+  for (int64_t i = 0; i < ivt.size(0); ++i)
+    ivs.push_back({static_cast<int64_t>(ivt[i][0].item<float>()), static_cast<int64_t>(ivt[i][1].item<float>()),
+                   static_cast<int64_t>(ivt[i][2].item<float>()), ivt[i][3].item<double>(), false});
+  for (bool frozen : {true, false}) {
+    const at::Tensor want = golden.get(frozen ? "frozen_logits" : "unfrozen_logits");
+    const at::Tensor got = intervene(*m, tc, golden.get("input_ids"), ivs, frozen);
+    const double moved = (want - golden.get("clean_logits")).abs().max().item<double>();
+    EXPECT_GT(moved, 0.5);
+    EXPECT_TRUE(flex_test::close(got, want, 1e-4, 1e-4 * want.abs().max().item<double>())) << (frozen ? "frozen" : "unfrozen");
+    std::cout << family << " CLT interventions (" << (frozen ? "frozen" : "unfrozen") << "): largest |logit difference| "
+              << (got - want).abs().max().item<double>() << ", largest change from the edits " << moved << "\n";
+  }
+}
+
+// Writes `clt`'s tensors as circuit-tracer lays them out (edited by `edit`).
+void write_clt(const std::string& dir, const Golden& g,
+               const std::function<void(std::map<std::string, at::Tensor>&)>& edit = nullptr) {
+  std::map<std::string, at::Tensor> all;
+  for (const auto& e : fs::directory_iterator(g.clt_dir())) {
+    auto f = SafetensorsFile::open(e.path().string());
+    for (const auto& n : f->names()) all[n] = f->get(n).clone();
+  }
+  if (edit) edit(all);
+  fs::create_directories(dir);
+  std::map<std::string, std::vector<std::pair<std::string, at::Tensor>>> files;
+  for (auto& [n, t] : all) files[(n.rfind("W_dec", 0) == 0 ? "W_dec_" : "W_enc_") + n.substr(n.rfind('_') + 1)].push_back({n, t});
+  for (auto& [stem, ts] : files) save_safetensors(dir + "/" + stem + ".safetensors", ts);
+}
+
+}  // namespace
+
+TEST(AttributionClt, Gpt2JumpReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2", true); }
+TEST(AttributionClt, LlamaReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama", false); }
+TEST(AttributionClt, Gpt2InterventionsMatchTheReference) {
+  check_interventions_against_reference("gpt2", true);
+  check_interventions_against_reference("gpt2", false);
+}
+TEST(AttributionClt, LlamaFrozenInterventionsMatchTheReference) { check_interventions_against_reference("llama", true); }
+
+TEST(AttributionClt, Gpt2SameAsCircuitTracer) { compare_with_circuit_tracer("gpt2"); }
+TEST(AttributionClt, LlamaSameAsCircuitTracer) { compare_with_circuit_tracer("llama"); }
+
+TEST(AttributionClt, OneFileReadsAsTheFolder) {
+  const Golden g{"gpt2"};
+  flex_test::TempDir tmp;
+  std::vector<std::pair<std::string, at::Tensor>> all;
+  for (const auto& e : fs::directory_iterator(g.clt_dir())) {
+    auto f = SafetensorsFile::open(e.path().string());
+    for (const auto& n : f->names()) all.push_back({n, f->get(n).clone()});
+  }
+  save_safetensors(tmp.str("clt.safetensors"), all);
+  ASSERT_TRUE(is_cross_layer_transcoder(tmp.str("clt.safetensors")));
+  const auto a = load_cross_layer_transcoder(g.clt_dir());
+  const auto b = load_attribution_transcoders(tmp.str("clt.safetensors"), 2).cross_layer;
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(flex_test::equal(a->W_enc, b->W_enc));
+  EXPECT_TRUE(flex_test::equal(a->threshold, b->threshold));
+  EXPECT_TRUE(flex_test::equal(a->W_dec[0], b->W_dec[0]));
+  EXPECT_TRUE(flex_test::equal(a->W_dec[1], b->W_dec[1]));
+  // What circuit-tracer wrote: W_enc_i [F, d] stacked, W_dec_0 [F, 2, d].
+  EXPECT_EQ(a->W_enc.sizes(), at::IntArrayRef({2, 16, 64}));
+  EXPECT_EQ(a->W_dec[0].sizes(), at::IntArrayRef({16, 2, 64}));
+}
+
+TEST(AttributionClt, TypedErrorsForAMisShapedClt) {
+  const Golden g{"gpt2"};
+  flex_test::TempDir tmp;
+  // W_dec_1 writing into two layers (layer 1 of 2 writes into one).
+  write_clt(tmp.str("dec"), g, [](auto& t) { t["W_dec_1"] = at::zeros({16, 2, 64}); });
+  flex_test::expect_error<ConfigError>([&] { load_cross_layer_transcoder(tmp.str("dec")); },
+                                       {"W_dec_1.safetensors", "'W_dec_1'", "[16, 2, 64]", "[16, 1, 64]"});
+  // A layer-1 encoder of another width.
+  write_clt(tmp.str("enc"), g, [](auto& t) { t["W_enc_1"] = at::zeros({16, 65}); });
+  flex_test::expect_error<ConfigError>([&] { load_cross_layer_transcoder(tmp.str("enc")); },
+                                       {"W_enc_1.safetensors", "'W_enc_1'", "[16, 65]"});
+  // A threshold on layer 0 only.
+  write_clt(tmp.str("thr"), g, [](auto& t) { t.erase("threshold_1"); });
+  flex_test::expect_error<ConfigError>([&] { load_cross_layer_transcoder(tmp.str("thr")); },
+                                       {"W_enc_1.safetensors", "threshold_1"});
+  // A decoder file missing.
+  write_clt(tmp.str("nodec"), g, [](auto& t) { t.erase("W_dec_0"); });
+  flex_test::expect_error<ConfigError>([&] { load_cross_layer_transcoder(tmp.str("nodec")); }, {"W_dec_0"});
+  // Three layers for the two-layer model.
+  write_clt(tmp.str("three"), g, [](auto& t) {
+    t["W_enc_2"] = t["W_enc_1"].clone();
+    t["b_enc_2"] = t["b_enc_1"].clone();
+    t["b_dec_2"] = t["b_dec_1"].clone();
+    t["threshold_2"] = t["threshold_1"].clone();
+    t["W_dec_0"] = at::zeros({16, 3, 64});
+    t["W_dec_1"] = at::zeros({16, 2, 64});
+    t["W_dec_2"] = at::zeros({16, 1, 64});
+  });
+  flex_test::expect_error<ConfigError>([&] { load_attribution_transcoders(tmp.str("three"), 2); },
+                                       {tmp.str("three"), "3 layers", "model has 2"});
+  // A CLT of another width than the model's, given in memory.
+  auto m = model("llama");
+  auto clt = random_clt(*m, true);
+  clt->W_enc = at::zeros({2, 16, 32}, at::kDouble);
+  clt->b_dec = at::zeros({2, 32}, at::kDouble);
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, clt, prompt()); }, {"test/clt", "width 32", "64"});
+  flex_test::expect_error<ConfigError>([&] { intervene(*m, clt, prompt(), {{0, 1, 0, 1.0, false}}); }, {"test/clt", "width 32"});
+  // An intervention on a feature the CLT does not have.
+  flex_test::expect_error<ConfigError>(
+      [&] { intervene(*m, random_clt(*m, true), prompt(), {{1, 1, 16, 1.0, false}}); }, {"feature out of range", "16"});
+}
