@@ -108,6 +108,9 @@ TEST(GgufVocab, UnsupportedModelsAndPreTokenizersNameFileKeyValue) {
   // A sentencepiece vocabulary needs its tokens and scores.
   const auto spm = write_gguf("spm.gguf", {{"tokenizer.ggml.model", "llama"}});
   expect_error<flex::FileFormatError>(spm, {spm, "tokenizer.ggml.tokens"}, /*direct=*/true);
+  // Gemma's sentencepiece vocabularies are built otherwise by Transformers: refused, by architecture.
+  const auto gemma = write_gguf("gemma.gguf", {{"general.architecture", "gemma3"}, {"tokenizer.ggml.model", "llama"}});
+  expect_error<flex::UnsupportedError>(gemma, {gemma, "'llama'", "'gemma3'"}, /*direct=*/true);
   const auto pre = write_gguf("pre.gguf", {{"tokenizer.ggml.model", "gpt2"}, {"tokenizer.ggml.pre", "deepseek-llm"}});
   expect_error<flex::UnsupportedError>(pre, {pre, "tokenizer.ggml.pre", "'deepseek-llm'"}, /*direct=*/true);
   const auto none = write_gguf("none.gguf", {{"general.name", "x"}});

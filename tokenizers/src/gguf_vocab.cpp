@@ -121,7 +121,7 @@ class Reader {
     for (uint64_t j = 0; j < n_kv; ++j) {
       std::string key = str("metadata key");
       const uint32_t type = pod<uint32_t>(key.c_str());
-      const bool keep = key.rfind("tokenizer.", 0) == 0;
+      const bool keep = key.rfind("tokenizer.", 0) == 0 || key == "general.architecture";
       Value v = value(type, key, keep);
       if (keep) out[key] = std::move(v);
     }
@@ -180,6 +180,17 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
                                "' is not supported (read from GGUF: 'gpt2', byte-level BPE with merges, and 'llama', "
                                "sentencepiece pieces with scores; put the model's tokenizer.json beside it instead)"));
   const bool spm = model == "llama";
+  if (spm) {
+    // Transformers builds Gemma's and Phi-3's sentencepiece vocabularies its own
+    // way (merges in file order, respelled spaces; a prefix per piece): refused
+    // rather than tokenized differently.
+    auto a = md.find("general.architecture");
+    const std::string arch = a != md.end() && a->second.type == STRING ? a->second.s : "";
+    if (arch.rfind("gemma", 0) == 0 || arch == "phi3")
+      throw UnsupportedError(cat(path, ": tokenizer.ggml.model 'llama' of general.architecture '", arch,
+                                 "' is not supported (only the plain sentencepiece builder is implemented; put the "
+                                 "model's tokenizer.json beside it instead)"));
+  }
 
   BpeSpec spec;
   spec.source = path;
