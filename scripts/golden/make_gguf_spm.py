@@ -14,11 +14,13 @@
                           (AutoTokenizer with gguf_file: merges rebuilt from the
                           scores, Metaspace, byte fallback): ids with special
                           tokens and decoding, for a set of strings
+  fuzz/corpus/gguf/vocab-spm.gguf  the same file, a seed for fuzz_gguf
 """
 
 import collections
 import json
 import os
+import shutil
 
 import gguf
 
@@ -101,6 +103,7 @@ def write_spm():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    shutil.copyfile(path, os.path.join(ROOT, "fuzz", "corpus", "gguf", "vocab-spm.gguf"))  # a fuzz seed
     tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-spm.gguf")
     ids = [tok(s)["input_ids"] for s in STRINGS]
     expected = {"strings": STRINGS, "ids": ids,
