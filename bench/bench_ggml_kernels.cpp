@@ -1,6 +1,6 @@
 // GGUF block kernels one by one (ggml_linear): x W^T for a Llama-1B MLP
 // weight (5632 x 2048) stored as random blocks of each quantized type, for
-// 1 input row (decode: float and Q8 activations) and 128 (prefill), beside
+// 1 input row (decode) and 128 (prefill), float and Q8 activations, beside
 // the bf16 GEMV (dense_linear) as the known-good reader, over enough copies
 // (~0.5-1 GB) that every call reads from memory. Interleaved rounds; prints
 // ms per call and GB/s of stored bytes read.
@@ -59,13 +59,14 @@ int main(int argc, char** argv) {
         [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor()); },
         [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor(), flex::GgmlActivations::Q8); },
         [&] { for (int64_t c = 0; c < 4; ++c) flex::ggml_linear(type, w[c], N, K, x128, at::Tensor()); },
+        [&] { for (int64_t c = 0; c < 4; ++c) flex::ggml_linear(type, w[c], N, K, x128, at::Tensor(), flex::GgmlActivations::Q8); },
     };
     const auto t = bench::interleaved(v, args.iters, 1);
     const double bf = N * K * 2.0 * b16.size() / (t[0] / 1000.0) / 1e9;
     std::printf("%-5s %.3f B/elem  bf16 GEMV %.1f GB/s | decode float %.3f ms (%.1f GB/s)  Q8 %.3f ms (%.1f GB/s) | "
-                "prefill 128 rows %.1f ms\n",
+                "prefill 128 rows float %.1f ms  Q8 %.1f ms\n",
                 name, static_cast<double>(bytes) / (N * K), bf, t[1] / copies, bytes * copies / (t[1] / 1000.0) / 1e9,
-                t[2] / copies, bytes * copies / (t[2] / 1000.0) / 1e9, t[3] / 4);
+                t[2] / copies, bytes * copies / (t[2] / 1000.0) / 1e9, t[3] / 4, t[4] / 4);
   }
   return 0;
 }

@@ -277,7 +277,10 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
   const int64_t M = xf.size(0);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   at::Tensor y = at::empty({M, N}, xf.options());
-  if (M <= kGgmlGemvRows) {
+  // Q8 activations: the integer kernel at any M (prefill too: a weight row's
+  // blocks are decoded once per 4 input rows and met by 64-byte integer dot
+  // products, about twice the float GEMM's multiply-adds per instruction).
+  if (M <= kGgmlGemvRows || activations == GgmlActivations::Q8) {
     const Isa isa = cpu_isa();
     float* yp = y.data_ptr<float>();
     const float* xp = xf.data_ptr<float>();
@@ -289,7 +292,7 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     }
     const Q8Rows* qp = activations == GgmlActivations::Q8 ? &rows : nullptr;
     // Each output column whole on one thread: the same bits for any thread count.
-    at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) { run_rows(isa, type, w, row_bytes, N, K, xp, M, qp, yp, r0, r1); });
+    at::parallel_for(0, N, M <= kGgmlGemvRows ? 16 : 64, [&](int64_t r0, int64_t r1) { run_rows(isa, type, w, row_bytes, N, K, xp, M, qp, yp, r0, r1); });
   } else {
     // Prefill: float tiles of rows, each tile's product on its own thread.
     const int64_t tile = std::max<int64_t>(16, std::min<int64_t>(N, kTileBytes / (4 * K)));

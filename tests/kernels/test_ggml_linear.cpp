@@ -3,7 +3,8 @@
 // dequantization of tests/data/gguf/types.gguf (scripts/golden/make_gguf.py),
 // and, for larger random weights, flexmodel's dequantizer, which
 // test_gguf checks bit for bit against gguf-py. Every instruction-set level
-// this CPU has, float and Q8 activations, decode and prefill shapes; 1 and 2
+// this CPU has, float and Q8 activations, decode and prefill shapes; Q8
+// against the float64 product of inputs it quantizes exactly; 1 and 2
 // threads give the same bits.
 #include <flex/dispatch/gguf.h>
 #include <flex/dispatch/safetensors.h>
@@ -138,10 +139,35 @@ TEST(GgmlLinear, RandomWeightsDecodeAndPrefillShapes) {
         const at::Tensor y = flex::ggml_linear(type, raw, N, K, x, bias);
         EXPECT_TRUE(within(y - bias, want, float_bound(x, w) + 1e-6))
             << name << " " << flex::to_string(isa) << " M=" << M;
-        if (M <= flex::kGgmlGemvRows) {
-          const at::Tensor yq = flex::ggml_linear(type, raw, N, K, x, bias, flex::GgmlActivations::Q8);
-          EXPECT_TRUE(within(yq - bias, want, q8_bound(x, w) + 1e-6)) << name << " Q8 " << flex::to_string(isa);
-        }
+        const at::Tensor yq = flex::ggml_linear(type, raw, N, K, x, bias, flex::GgmlActivations::Q8);
+        EXPECT_TRUE(within(yq - bias, want, q8_bound(x, w) + 1e-6)) << name << " Q8 " << flex::to_string(isa) << " M=" << M;
+      }
+    }
+  }
+}
+
+// Inputs that 8-bit quantization keeps exactly: each block of 32 is a
+// power of two times integer codes in -127..127, one of them +-127, so its
+// scale max|x| / 127 is that power and every code comes back. The Q8
+// kernels' result is then the float64 product of these inputs and the
+// dequantized weights within float32 accumulation error alone: a wrong code,
+// block scale, minimum or offset term would be far outside that bound.
+TEST(GgmlLinear, Q8ActivationsEqualTheFloat64ProductOfTheQuantizedInputs) {
+  at::manual_seed(23);
+  const int64_t N = 40, K = 512;
+  for (int64_t M : {1, 3, 8, 13}) {
+    at::Tensor codes = at::randint(-127, 128, {M, K / 32, 32}, at::kFloat);
+    codes.select(2, 5).copy_(at::where(at::rand({M, K / 32}) < 0.5, 127.0, -127.0));
+    const at::Tensor scale = at::pow(2.0, -at::randint(3, 12, {M, K / 32, 1}, at::kFloat));
+    const at::Tensor x = (codes * scale).reshape({M, K});
+    for (const auto& [name, type] : kTypes) {
+      const at::Tensor raw = random_blocks(type, N, K);
+      const at::Tensor w = dequantized(type, raw, N, K);
+      const at::Tensor want = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+      for (flex::Isa isa : flex_test::isa_levels()) {
+        flex::ScopedIsa cap(isa);
+        const at::Tensor y = flex::ggml_linear(type, raw, N, K, x, at::Tensor(), flex::GgmlActivations::Q8);
+        EXPECT_TRUE(within(y, want, float_bound(x, w))) << name << " " << flex::to_string(isa) << " M=" << M;
       }
     }
   }
