@@ -1,7 +1,7 @@
 """Attribution graphs through per-layer transcoders (circuit-tracer's, computed in C++).
 
     graph = flexmodel.attribute(model, "path/to/transcoders", input_ids)
-    graph["adjacency"]          # [N, N] direct effects, [target, source]
+    graph["adjacency"]          # [N, N] direct effects, [target, source] (None with max_memory=)
     json.dump(graph["json"], open("graph.json", "w"))   # Neuronpedia's graph viewer opens it
 
     logits = flexmodel.intervene(model, "path/to/transcoders", input_ids, [(1, -1, 123, 0.0), "0:3:7*2"])
@@ -19,7 +19,7 @@ from .modeling import _engine_module
 
 def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_prob=0.95, batch_size=256,
               max_feature_nodes=None, node_threshold=0.8, edge_threshold=0.98, zero_first_position=True,
-              tokenizer=None, prompt="", slug="flexmodel-graph", scan=None):
+              tokenizer=None, prompt="", slug="flexmodel-graph", scan=None, max_memory=None):
     """The attribution graph of one prompt (``input_ids`` [T] or [1, T]) through ``transcoders``:
     a folder of SAELens transcoder folders (one per layer, each reading its layer's MLP input and
     writing the MLP output) or a list of ``flexmodel.sae.SparseDictionary``, one per layer.
@@ -30,7 +30,14 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
     "json", the graph file circuit-tracer writes for Neuronpedia (token strings from
     ``tokenizer.decode`` when given, else the ids). Errors are flexmodel.Error subclasses:
     ShapeError for a transcoder of the wrong width or a prompt longer than the context,
-    ConfigError for a transcoder at the wrong hook or an option out of range."""
+    ConfigError for a transcoder at the wrong hook or an option out of range.
+
+    ``max_memory`` (bytes, or a size such as "2GB"): bound the working memory. The adjacency is
+    then streamed by row blocks through a temporary file ($TMPDIR) and pruned from there; the
+    dict's "adjacency" and "edge_mask" are None, the kept edges are in "edges" [E, 2] (target,
+    source) and "edge_weights" [E] (given in every case), and "peak_working_memory" is the
+    largest working memory measured. ConfigError naming the size needed when the bound is too
+    small for one batch of rows."""
     if isinstance(transcoders, (str, os.PathLike)):
         transcoders_arg = os.fspath(transcoders)
         scan = scan or os.path.basename(os.path.normpath(transcoders_arg))
@@ -41,7 +48,7 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
     return _C.attribution.attribute(
         _engine_module(model), transcoders_arg, ids, int(max_n_logits), float(desired_logit_prob), int(batch_size),
         -1 if max_feature_nodes is None else int(max_feature_nodes), bool(zero_first_position), float(node_threshold),
-        float(edge_threshold), decode, prompt, slug, scan or "flexmodel")
+        float(edge_threshold), decode, prompt, slug, scan or "flexmodel", max_memory)
 
 
 def intervene(model, transcoders, input_ids, interventions, *, frozen_attention=True):

@@ -3,6 +3,7 @@
 // returns the graph's tensors, the pruning masks and the graph file's JSON.
 #include "bindings.h"
 
+#include <flex/dispatch/memory.h>
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
@@ -60,7 +61,7 @@ void bind_attribution(py::module_& m) {
       [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, int64_t max_n_logits,
          double desired_logit_prob, int64_t batch_size, int64_t max_feature_nodes, bool zero_first_position,
          double node_threshold, double edge_threshold, py::object decode,
-         const std::string& prompt, const std::string& slug, const std::string& scan) {
+         const std::string& prompt, const std::string& slug, const std::string& scan, py::object max_memory) {
         auto lm = std::dynamic_pointer_cast<CausalLM>(model);
         if (!lm) throw ConfigError("attribute: the model is not a causal language model of flexmodel's");
         const Transcoders tcs = transcoder_list(*lm, transcoders);
@@ -71,6 +72,14 @@ void bind_attribution(py::module_& m) {
         o.batch_size = batch_size;
         o.max_feature_nodes = max_feature_nodes;
         o.zero_first_position = zero_first_position;
+        // max_memory: None (dense in memory), bytes, or a size such as "2GB" (decision 45).
+        if (py::isinstance<py::str>(max_memory)) {
+          o.max_memory_bytes = convert_file_size_to_int(max_memory.cast<std::string>());
+        } else if (!max_memory.is_none()) {
+          o.max_memory_bytes = max_memory.cast<int64_t>();
+        }
+        if (!max_memory.is_none() && o.max_memory_bytes <= 0)
+          throw ConfigError("attribute: max_memory must be a positive size, not " + py::repr(max_memory).cast<std::string>());
         AttributionGraph g;
         PrunedGraph p;
         {
@@ -100,9 +109,13 @@ void bind_attribution(py::module_& m) {
         d["selected_features"] = g.selected_features;
         d["logit_tokens"] = g.logit_tokens;
         d["logit_probabilities"] = g.logit_probabilities;
-        d["adjacency"] = g.adjacency;
+        // A streamed graph's adjacency stays on disk (and goes with it): None.
+        d["adjacency"] = g.streamed ? py::object(py::none()) : py::cast(g.adjacency);
         d["node_mask"] = p.node_mask;
-        d["edge_mask"] = p.edge_mask;
+        d["edge_mask"] = p.edge_mask.defined() ? py::cast(p.edge_mask) : py::object(py::none());
+        d["edges"] = p.edges;
+        d["edge_weights"] = p.edge_weights;
+        d["peak_working_memory"] = g.streamed ? py::cast(g.streamed->peak_working_bytes()) : py::object(py::none());
         d["cumulative_scores"] = p.cumulative_scores;
         d["json"] = py::module_::import("json").attr("loads")(graph_json(g, p, info, node_threshold).dump());
         return d;
@@ -110,7 +123,7 @@ void bind_attribution(py::module_& m) {
       py::arg("model"), py::arg("transcoders"), py::arg("input_ids"), py::arg("max_n_logits"),
       py::arg("desired_logit_prob"), py::arg("batch_size"), py::arg("max_feature_nodes"), py::arg("zero_first_position"),
       py::arg("node_threshold"), py::arg("edge_threshold"), py::arg("decode"), py::arg("prompt"), py::arg("slug"),
-      py::arg("scan"));
+      py::arg("scan"), py::arg("max_memory") = py::none());
   a.def(
       "intervene",
       [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,

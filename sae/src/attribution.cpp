@@ -5,7 +5,9 @@
 // gradient at every layer's MLP output place and at the embeddings.
 #include "attribution_coders.h"
 #include "attribution_influence.h"
+#include "attribution_memory.h"
 #include "attribution_places.h"
+#include "attribution_stream.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/hooks/frozen_replacement.h>
@@ -16,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -247,6 +250,9 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     throw ConfigError("attribution: max_feature_nodes must be positive (or -1 for all), not " +
                       std::to_string(o.max_feature_nodes));
   if (o.update_interval < 1) throw ConfigError("attribution: update_interval must be at least 1");
+  if (o.max_memory_bytes < 0)
+    throw ConfigError("attribution: max_memory_bytes must be 0 (in memory) or a positive bound, not " +
+                      std::to_string(o.max_memory_bytes));
   at::Tensor ids = input_ids;
   if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
   if (ids.dim() != 1 || ids.size(0) == 0)
@@ -258,6 +264,10 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     throw ShapeError("attribution: the prompt's " + std::to_string(T) + " tokens are longer than the model's context of " +
                      std::to_string(context));
   ids = ids.to(at::kLong).unsqueeze(0);
+  // Streamed (decision 45): what this call allocates is measured from here.
+  const bool streamed = o.max_memory_bytes > 0;
+  std::optional<detail::CpuAllocationMeter> meter;
+  if (streamed) meter.emplace();
 
   const AttributionPlaces places = detail::attribution_places(model);
   ParametersWithoutGrad constants(model);
@@ -328,17 +338,58 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
 
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
-  detail::RowComputer rows(replacement_pass(places, tw, ids, B), positions, writes, errors, rec.embed, F);
-
-  // Rows: logits first, then features (all, or the most influential first).
+  auto make_rows = [&](int64_t batch) {
+    return std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F);
+  };
   const at::ScalarType adj_dt = prob_dt;
   const int64_t cols = F + L * T + T;
-  at::Tensor edge = at::zeros({n_visit + K, cols}, at::TensorOptions().dtype(adj_dt));
+  // Targets per backward pass: batch_size, or what the bound leaves.
+  int64_t step = o.batch_size, pass_batch = B, block_rows = 1, peak_seen = 0;
+  if (streamed) {
+    // The working memory of a replicated pass and one batch of rows, at
+    // batch 1 and 2 (their difference: one more target row).
+    auto probe = [&](int64_t batch) {
+      const int64_t before = meter->live();
+      peak_seen = std::max(peak_seen, meter->peak());
+      meter->reset_peak();
+      {
+        auto probe_rows = make_rows(batch);
+        (void)probe_rows->rows(std::vector<Target>(batch, Target{L, T - 1, logit_vecs[0]})).to(adj_dt);
+      }
+      return meter->peak() - before;
+    };
+    const int64_t held = meter->live(), earlier_peak = meter->peak();
+    const int64_t one = probe(1), two = probe(2);
+    // A batch's targets can sit in every layer: a seed [batch, T, d] per layer.
+    const int64_t seed_row_bytes = L * T * rec.embed.size(1) * static_cast<int64_t>(c10::elementSize(dt));
+    const detail::StreamPlan plan = detail::plan_stream(o.max_memory_bytes, earlier_peak, held, one, two, seed_row_bytes,
+                                                        cols, n_visit + L * T + T + K,
+                                                        static_cast<int64_t>(c10::elementSize(adj_dt)), o.batch_size);
+    step = plan.batch;
+    pass_batch = std::min(B, plan.batch);
+    block_rows = plan.block_rows;
+  }
+  std::unique_ptr<detail::RowComputer> row_computer = make_rows(pass_batch);
+  detail::RowComputer& rows = *row_computer;
+
+  // Rows: logits first, then features (all, or the most influential first).
+  // In memory, or (streamed) appended to a file in visit order.
+  at::Tensor edge;
+  std::unique_ptr<detail::RowFile> edge_file;
+  if (streamed) {
+    edge_file = std::make_unique<detail::RowFile>(detail::attribution_temp_parent(o.temp_dir), "edges.bin", cols, adj_dt);
+  } else {
+    edge = at::zeros({n_visit + K, cols}, at::TensorOptions().dtype(adj_dt));
+  }
+  auto store = [&](int64_t first, const at::Tensor& r) {
+    if (streamed) edge_file->append(r);
+    else edge.narrow(0, first, r.size(0)).copy_(r);
+  };
   std::vector<int64_t> row_node(n_visit + K);  // node index of each row in the unselected numbering
-  for (int64_t i = 0; i < K; i += o.batch_size) {
+  for (int64_t i = 0; i < K; i += step) {
     std::vector<Target> batch;
-    for (int64_t j = i; j < std::min(K, i + o.batch_size); ++j) batch.push_back({L, T - 1, logit_vecs[j]});
-    edge.narrow(0, i, static_cast<int64_t>(batch.size())).copy_(rows.rows(batch));
+    for (int64_t j = i; j < std::min(K, i + step); ++j) batch.push_back({L, T - 1, logit_vecs[j]});
+    store(i, rows.rows(batch));
     for (int64_t j = i; j < i + static_cast<int64_t>(batch.size()); ++j) row_node[j] = cols + j;
   }
   int64_t filled = K;
@@ -351,19 +402,21 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     if (n_visit == F) {
       for (int64_t i = 0; i < F; ++i) pending.push_back(i);
     } else {
-      const at::Tensor influence = detail::partial_influences(edge.narrow(0, 0, filled), g.logit_probabilities,
-                                                              std::vector<int64_t>(row_node.begin(), row_node.begin() + filled), K);
+      const std::vector<int64_t> done_rows(row_node.begin(), row_node.begin() + filled);
+      const at::Tensor influence =
+          streamed ? detail::partial_influences(*edge_file, block_rows, g.logit_probabilities, done_rows, K)
+                   : detail::partial_influences(edge.narrow(0, 0, filled), g.logit_probabilities, done_rows, K);
       const at::Tensor order = at::argsort(influence.narrow(0, 0, F), /*stable=*/true, /*dim=*/0, /*descending=*/true);
       const int64_t want = std::min(o.update_interval * o.batch_size, n_visit - n_done);
       const int64_t* op = order.data_ptr<int64_t>();
       for (int64_t i = 0; i < F && static_cast<int64_t>(pending.size()) < want; ++i)
         if (!visited[op[i]]) pending.push_back(op[i]);
     }
-    for (size_t s = 0; s < pending.size(); s += o.batch_size) {
+    for (size_t s = 0; s < pending.size(); s += static_cast<size_t>(step)) {
       std::vector<Target> batch;
-      const size_t e = std::min(pending.size(), s + o.batch_size);
+      const size_t e = std::min(pending.size(), s + static_cast<size_t>(step));
       for (size_t i = s; i < e; ++i) batch.push_back({lp[pending[i]], pp[pending[i]], encoder_vecs[pending[i]]});
-      edge.narrow(0, filled, static_cast<int64_t>(batch.size())).copy_(rows.rows(batch));
+      store(filled, rows.rows(batch));
       for (size_t i = s; i < e; ++i) {
         row_node[filled++] = pending[i];
         visited[pending[i]] = 1;
@@ -378,6 +431,17 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     if (visited[i]) selected.push_back(i);
   g.selected_features = at::tensor(selected, at::kLong).view({-1});
   const int64_t S = g.selected_features.size(0);
+  if (streamed) {
+    // The rows in node order to a second file; the visit-order file goes
+    // with edge_file. Nothing [N, N] is held.
+    row_computer.reset();
+    auto adjacency = detail::streamed_adjacency(*edge_file, row_node, selected, F, K, block_rows,
+                                                detail::attribution_temp_parent(o.temp_dir), o.max_memory_bytes);
+    adjacency->set_targets_per_pass(step);
+    adjacency->record_peak(std::max(peak_seen, meter->peak()));
+    g.streamed = adjacency;
+    return g;
+  }
   at::Tensor col_index = at::cat({g.selected_features, at::arange(F, cols, at::kLong)});
   const at::Tensor edge_cols = edge.index_select(1, col_index);  // [n_visit + K, S + L*T + T]
   // Feature rows in feature order, then the logit rows, in a [N, N] matrix.

@@ -19,6 +19,10 @@ at::Tensor normalize_rows(const at::Tensor& m, double floor);
 at::Tensor partial_influences(const at::Tensor& edges, const at::Tensor& logit_probabilities,
                               const std::vector<int64_t>& row_node, int64_t n_logits);
 
+/// The score at which the largest `scores` reach `fraction` of their total
+/// (circuit-tracer's pruning threshold).
+at::Tensor prune_threshold_score(const at::Tensor& scores, double fraction);
+
 /// w A + w A^2 + ... for a square A; ConfigError-free: a DAG ends, a cycle
 /// throws RuntimeError-like flex::Error after max_iter steps.
 at::Tensor total_influence(const at::Tensor& a, const at::Tensor& weights, int64_t max_iter = 1000);

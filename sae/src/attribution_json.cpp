@@ -38,7 +38,6 @@ std::string json_fixed3(double p) {
 
 json graph_json(const AttributionGraph& g, const PrunedGraph& pruned, const GraphJsonInfo& info, double node_threshold) {
   const int64_t S = g.n_features(), L = g.n_layers, T = g.n_pos, N = g.n_nodes();
-  const at::Tensor adj = g.adjacency.to(at::kDouble).contiguous();
   const at::Tensor scores = pruned.cumulative_scores.to(at::kDouble).contiguous();
   const at::Tensor mask = pruned.node_mask.contiguous();
   const auto feats = g.active_features.contiguous();
@@ -80,15 +79,17 @@ json graph_json(const AttributionGraph& g, const PrunedGraph& pruned, const Grap
   // Links of the kept edges between kept nodes, target-major as circuit-tracer lists them.
   json links = json::array();
   std::set<std::string> connected;
-  const at::Tensor kept = pruned.edge_mask.nonzero().contiguous();  // [E, 2] (target, source)
+  // (the pruning's edge list: a streamed graph's adjacency is not in memory).
+  const at::Tensor kept = pruned.edges.contiguous();  // [E, 2] (target, source)
   const int64_t* kp = kept.data_ptr<int64_t>();
-  const double* ap = adj.data_ptr<double>();
+  const at::Tensor kept_weights = pruned.edge_weights.to(at::kDouble).contiguous();
+  const double* ap = kept_weights.data_ptr<double>();
   for (int64_t e = 0; e < kept.size(0); ++e) {
     const int64_t dst = kp[2 * e], src = kp[2 * e + 1];
     auto s = nodes.find(src), d = nodes.find(dst);
     if (s == nodes.end() || d == nodes.end()) continue;
     const std::string sid = s->second["node_id"], did = d->second["node_id"];
-    links.push_back({{"source", sid}, {"target", did}, {"weight", ap[dst * N + src]}});
+    links.push_back({{"source", sid}, {"target", did}, {"weight", ap[e]}});
     connected.insert(sid);
     connected.insert(did);
   }

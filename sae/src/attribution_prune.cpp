@@ -1,4 +1,5 @@
 #include "attribution_influence.h"
+#include "attribution_stream.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/sae/attribution_graph.h>
@@ -9,16 +10,15 @@
 
 namespace flex {
 
-namespace {
-
-// The score at which the largest scores reach `fraction` of the total.
-at::Tensor prune_threshold_score(const at::Tensor& scores, double fraction) {
+at::Tensor detail::prune_threshold_score(const at::Tensor& scores, double fraction) {
   const at::Tensor sorted = std::get<0>(at::sort(scores, /*dim=*/0, /*descending=*/true));
   const at::Tensor cum = at::cumsum(sorted, 0) / sorted.sum();
   int64_t i = at::searchsorted(cum, at::scalar_tensor(fraction, cum.options())).item<int64_t>();
   i = std::min<int64_t>(i, sorted.size(0) - 1);
   return sorted[i];
 }
+
+namespace {
 
 void prune_check_threshold(const char* name, double v) {
   if (!(v >= 0.0 && v <= 1.0))
@@ -34,6 +34,8 @@ void check_prune_thresholds(double node_threshold, double edge_threshold) {
 
 PrunedGraph prune_graph(const AttributionGraph& g, double node_threshold, double edge_threshold) {
   check_prune_thresholds(node_threshold, edge_threshold);
+  if (!g.adjacency.defined() && g.streamed) return detail::prune_streamed(g, *g.streamed, node_threshold, edge_threshold);
+  using detail::prune_threshold_score;
   const at::Tensor& adj = g.adjacency;
   const int64_t N = adj.size(0), K = g.logit_tokens.size(0), T = g.n_pos, S = g.n_features();
   at::Tensor w = at::zeros({N}, adj.options());
@@ -66,7 +68,8 @@ PrunedGraph prune_graph(const AttributionGraph& g, double node_threshold, double
   auto [sorted, order] = at::sort(node_influence, /*dim=*/0, /*descending=*/true);
   at::Tensor cumulative = at::zeros_like(node_influence);
   cumulative.index_put_({order}, at::cumsum(sorted, 0) / sorted.sum());
-  return {node_mask, edge_mask, cumulative};
+  const at::Tensor kept = edge_mask.nonzero();  // row-major: target-major
+  return {node_mask, edge_mask, cumulative, kept, adj.index({kept.select(1, 0), kept.select(1, 1)})};
 }
 
 }  // namespace flex

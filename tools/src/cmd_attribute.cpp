@@ -50,10 +50,33 @@ const std::vector<Flag>& attribute_flags() {
         {"--slug", "NAME", "the graph's name in the viewer (default: the --out file's stem)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
-    for (auto& l : loading_flags()) f.push_back(l);
+    for (auto& l : loading_flags()) {
+      // A plain SIZE bounds the attribution's working memory (decision 45);
+      // DEV=SIZE,... keeps its meaning for the device map.
+      if (l.name == "--max-memory")
+        l = {"--max-memory", "SIZE|DEV=SIZE,...",
+             "SIZE (e.g. 2GB): bound the graph computation's working memory: the adjacency is streamed by row "
+             "blocks through a temporary file ($TMPDIR), the backward batch sized to fit (error naming the size needed "
+             "when it cannot); DEV=SIZE,...: budgets for --device-map as for the other commands"};
+      f.push_back(l);
+    }
     return f;
   }();
   return flags;
+}
+
+// argv without one flag and its value (--flag VALUE or --flag=VALUE).
+std::vector<std::string> without_flag(const std::vector<std::string>& argv, const std::string& flag) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == flag) {
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind(flag + "=", 0) == 0) continue;
+    out.push_back(argv[i]);
+  }
+  return out;
 }
 
 // --intervene: the top next-token logits clean and intervened, and the
@@ -133,6 +156,13 @@ int run_attribute(const std::vector<std::string>& argv) {
   if (args.has("--max-feature-nodes") && o.max_feature_nodes < 1)
     throw ConfigError("option --max-feature-nodes must be at least 1, not " + std::to_string(o.max_feature_nodes));
   o.batch_size = args.get_int("--batch-size").value_or(o.batch_size);
+  std::vector<std::string> load_argv = argv;
+  if (const auto mm = args.get("--max-memory"); mm && mm->find('=') == std::string::npos) {
+    if (intervening) throw UsageError("--max-memory SIZE bounds a graph's computation (--out), not --intervene");
+    o.max_memory_bytes = parse_size("--max-memory", *mm);
+    if (o.max_memory_bytes <= 0) throw UsageError("option --max-memory: the bound must be positive, not '" + *mm + "'");
+    load_argv = without_flag(argv, "--max-memory");
+  }
   require_model_dir(dir);
   if (out) require_writable_file(*out);
   const auto html = args.get("--html");
@@ -158,7 +188,7 @@ int run_attribute(const std::vector<std::string>& argv) {
     if (v.empty()) throw ConfigError("the prompt has no tokens");
     ids = at::tensor(v, at::kLong);
   }
-  auto model = load_model(dir, args);
+  auto model = load_model(dir, Args("attribute", attribute_flags(), load_argv));
   const Transcoders transcoders = load_attribution_transcoders(*tc_dir, model->config().num_hidden_layers);
   if (intervening) return print_interventions(args, *model, transcoders, ids, tok.get());
   const AttributionGraph graph = attribute(*model, transcoders, ids, o);
@@ -183,6 +213,9 @@ int run_attribute(const std::vector<std::string>& argv) {
             << " computed), " << graph.logit_tokens.size(0) << " logits, " << graph.n_nodes() << " nodes; kept "
             << content["nodes"].size() << " nodes and " << content["links"].size() << " links -> " << *out
             << (html ? " and " + *html : std::string()) << "\n";
+  if (graph.streamed)
+    std::cout << "working memory: peak " << format_bytes(graph.streamed->peak_working_bytes()) << " of the "
+              << format_bytes(o.max_memory_bytes) << " bound (edge rows streamed through a temporary file)\n";
   return 0;
 }
 

@@ -36,12 +36,14 @@
 #include <flex/models/causal_lm.h>
 #include <flex/sae/cross_layer_transcoder.h>
 #include <flex/sae/sparse_dictionary.h>
+#include <flex/sae/attribution_stream.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <vector>
 #include <utility>
 
@@ -78,6 +80,17 @@ struct AttributionOptions {
   /// circuit-tracer zeroes the first position's features and error (the BOS
   /// position's outliers): its MLP output then is a bias term.
   bool zero_first_position = true;
+  /// 0: the adjacency is held dense in memory. Above 0: a bound in bytes on
+  /// the working memory (CPU tensors attribute() and prune_graph() allocate
+  /// beyond the model and the transcoders, measured as they run): the edge
+  /// rows go to a file under temp_dir (default $TMPDIR, else /tmp) and the
+  /// graph holds a StreamedAdjacency (flex/sae/attribution_stream.h); the
+  /// backward batch (at most batch_size; the ranking still refreshes every
+  /// update_interval * batch_size features) and the rows per read are sized
+  /// from the bound. ConfigError naming the needed size when the bound
+  /// cannot hold one row batch. Design decision 45.
+  int64_t max_memory_bytes = 0;
+  std::string temp_dir;
 };
 
 /// The dense attribution graph. Node order (circuit-tracer's): selected
@@ -93,12 +106,15 @@ struct AttributionGraph {
   at::Tensor logit_tokens;         // [K] int64
   at::Tensor logit_probabilities;  // [K]
   at::Tensor adjacency;            // [N, N], N = S + n_layers * n_pos + n_pos + K; float32, float64 for a float64 model
+  /// Instead of `adjacency` (undefined then) with max_memory_bytes: its rows on disk.
+  std::shared_ptr<const StreamedAdjacency> streamed;
 
   int64_t n_features() const { return selected_features.defined() ? selected_features.size(0) : 0; }
   int64_t error_offset() const { return n_features(); }
   int64_t token_offset() const { return n_features() + n_layers * n_pos; }
   int64_t logit_offset() const { return token_offset() + n_pos; }
   int64_t n_nodes() const { return logit_offset() + (logit_tokens.defined() ? logit_tokens.size(0) : 0); }
+  bool is_streamed() const { return streamed != nullptr; }
 };
 
 /// The attribution graph of `input_ids` ([T] or [1, T]) through

@@ -25,15 +25,20 @@ namespace flex {
 
 struct PrunedGraph {
   at::Tensor node_mask;          // [N] bool
-  at::Tensor edge_mask;          // [N, N] bool, [target, source]
+  at::Tensor edge_mask;          // [N, N] bool, [target, source]; undefined for a streamed graph
   at::Tensor cumulative_scores;  // [N] the cumulative influence fraction at each node's rank
+  at::Tensor edges;              // [E, 2] int64 (target, source) of the kept edges, target-major
+  at::Tensor edge_weights;       // [E] their adjacency entries
 };
 
 /// ConfigError naming the threshold outside [0, 1] (prune_graph checks too;
 /// callers check before the long attribution).
 void check_prune_thresholds(double node_threshold, double edge_threshold);
 
-/// ConfigError for a threshold outside [0, 1].
+/// ConfigError for a threshold outside [0, 1]. A streamed graph
+/// (flex/sae/attribution_stream.h) is pruned by passes over its row blocks:
+/// the same masks (the influences summed block by block, within float
+/// rounding), the kept edges listed, edge_mask left undefined.
 PrunedGraph prune_graph(const AttributionGraph& graph, double node_threshold = 0.8, double edge_threshold = 0.98);
 
 /// The viewer's metadata: the prompt and its token strings, the logit
