@@ -22,6 +22,9 @@ It is written by circuit-tracer's own to_safetensors (what flexmodel's
         at 0.8 / 0.98); interventions [2, 4] (layer, position, feature, value)
         and frozen_logits / unfrozen_logits [T, V] (feature_intervention with
         freeze_attention True / False), clean_logits [T, V]
+  FAMILY-clt-circuit-tracer-graph.json   the graph file create_graph_files writes
+        (its create_nodes / create_used_nodes_and_edges / build_model; token
+        strings are the ids; slug FAMILY-clt-circuit-tracer-graph)
 """
 
 import os
@@ -35,6 +38,7 @@ from circuit_tracer.attribution.attribute import attribute
 from circuit_tracer.graph import prune_graph
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
 from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
+from circuit_tracer.utils.create_graph_files import build_model, create_nodes, create_used_nodes_and_edges
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_attribution import OUT, PROMPTS, IdTokenizer, gpt2_model, llama_model  # noqa: E402
@@ -120,6 +124,12 @@ def make(family):
     save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
                                    "torch": torch.__version__, "batch_size": str(BATCH)})
     os.chmod(path, 0o644)
+    nodes = create_nodes(graph, node_mask, model.tokenizer, cumulative)
+    used_nodes, used_edges = create_used_nodes_and_edges(graph, nodes, edge_mask)
+    viewer = build_model(graph, used_nodes, used_edges, f"{family}-clt-circuit-tracer-graph", f"flexmodel-{family}-clt",
+                         0.8, model.tokenizer)
+    with open(os.path.join(OUT, f"{family}-clt-circuit-tracer-graph.json"), "w") as f:
+        f.write(viewer.model_dump_json(indent=1))
     print(f"{family} CLT: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept; "
           f"interventions {ivs}: largest logit change frozen {(frozen - clean).abs().max():.4g}, "

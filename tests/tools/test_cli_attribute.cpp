@@ -6,6 +6,7 @@
 // same links with weights within 1e-4 (relative, or of the largest weight);
 // --intervene against circuit-tracer's feature_intervention(_generate) logits
 // and tokens (FAMILY-circuit-tracer-interventions.safetensors);
+// the same through a cross-layer transcoder (FAMILY-clt, make_attribution_clt.py);
 // and the typed errors: a transcoder whose width does not fit, a prompt
 // longer than the context, thresholds out of range, missing flags.
 #include "cli_util.h"
@@ -70,19 +71,22 @@ void expect_near(const json& ours, const json& theirs, double tol, const std::st
 
 }  // namespace
 
-static void compare_graph_files(const std::string& family, std::vector<int64_t> prompt, const std::string& n_active) {
-  SCOPED_TRACE(family);
+// kind: "" for the per-layer transcoders (FAMILY-transcoders), "-clt" for the
+// cross-layer transcoder (FAMILY-clt, make_attribution_clt.py).
+static void compare_graph_files(const std::string& family, std::vector<int64_t> prompt, const std::string& n_active,
+                                const std::string& kind = "") {
+  SCOPED_TRACE(family + kind);
   flex_test::TempDir dir;
   const std::string out = dir.str("graph.json");
-  const auto r = run({"attribute", flex_test::fixture("models/" + family), "--transcoders", data(family + "-transcoders"),
-                      "--input-ids", ids_file(dir, prompt), "--out", out, "--batch-size", "16", "--slug",
-                      family + "-circuit-tracer-graph"});
+  const std::string tc = family + (kind.empty() ? "-transcoders" : kind), golden = family + kind + "-circuit-tracer-graph";
+  const auto r = run({"attribute", flex_test::fixture("models/" + family), "--transcoders", data(tc), "--input-ids",
+                      ids_file(dir, prompt), "--out", out, "--batch-size", "16", "--slug", golden});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find(n_active + " active features"), std::string::npos) << r.out;
-  const json ours = read_json(out), theirs = read_json(data(family + "-circuit-tracer-graph.json"));
+  const json ours = read_json(out), theirs = read_json(data(golden + ".json"));
   for (const char* key : {"slug", "prompt_tokens", "prompt", "node_threshold", "schema_version", "transcoder_list"})
     EXPECT_EQ(ours["metadata"][key], theirs["metadata"][key]) << "metadata." << key;
-  EXPECT_EQ(ours["metadata"]["scan"], family + "-transcoders");
+  EXPECT_EQ(ours["metadata"]["scan"], tc);
   EXPECT_EQ(ours["qParams"], theirs["qParams"]);
 
   const json& on = ours["nodes"];
@@ -119,6 +123,11 @@ static void compare_graph_files(const std::string& family, std::vector<int64_t> 
 TEST(CliAttribute, Gpt2GraphFileIsCircuitTracers) { compare_graph_files("gpt2", kPrompt, "152"); }
 TEST(CliAttribute, LlamaGraphFileIsCircuitTracers) {
   compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "165");
+}
+// --transcoders naming a cross-layer transcoder folder (circuit-tracer's layout).
+TEST(CliAttribute, CrossLayerTranscoderGraphFilesAreCircuitTracers) {
+  compare_graph_files("gpt2", kPrompt, "154", "-clt");
+  compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "130", "-clt");
 }
 
 TEST(CliAttribute, TypedErrors) {
