@@ -36,6 +36,7 @@ const std::map<std::string, GgufArch>& gguf_archs() {
       {"qwen3moe", {"qwen3_moe", "Qwen3MoeForCausalLM"}},
       {"gpt2", {"gpt2", "GPT2LMHeadModel"}},
       {"gptneox", {"gpt_neox", "GPTNeoXForCausalLM"}},
+      {"deepseek2", {"deepseek_v2", "DeepseekV2ForCausalLM"}},  // DeepSeek-V2's routing; V3's is refused
   };
   return m;
 }
@@ -87,6 +88,13 @@ const std::map<std::string, std::string>& block_overrides(const std::string& arc
       {"gptneox", {{"attn_norm", "input_layernorm"}, {"attn_qkv", "attention.query_key_value"},
                    {"attn_output", "attention.dense"}, {"ffn_norm", "post_attention_layernorm"},
                    {"ffn_up", "mlp.dense_h_to_4h"}, {"ffn_down", "mlp.dense_4h_to_h"}}},
+      // DeepSeek's latent attention; attn_k_b / attn_v_b are joined into kv_b_proj (join_pieces).
+      {"deepseek2", {{"attn_q_a", "self_attn.q_a_proj"}, {"attn_q_a_norm", "self_attn.q_a_layernorm"},
+                     {"attn_q_b", "self_attn.q_b_proj"}, {"attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"},
+                     {"attn_kv_a_norm", "self_attn.kv_a_layernorm"}, {"attn_kv_b", "self_attn.kv_b_proj"},
+                     {"attn_k_b", "self_attn.k_b_proj"}, {"attn_v_b", "self_attn.v_b_proj"},
+                     {"ffn_gate_shexp", "mlp.shared_experts.gate_proj"}, {"ffn_up_shexp", "mlp.shared_experts.up_proj"},
+                     {"ffn_down_shexp", "mlp.shared_experts.down_proj"}}},
   };
   static const std::map<std::string, std::string> none;
   auto it = m.find(arch);
@@ -190,6 +198,42 @@ nlohmann::json layer_norm_config(const GgufFile& f, const std::string& arch) {
   return c;
 }
 
+// DeepSeek-V2: latent attention sizes and routing. The converter writes the
+// latent attention as MQA (head_count_kv 1, key_length kv_lora + rope); the
+// per-head sizes are the *_mla keys (older files: key_length / value_length).
+void deepseek2_config(const GgufFile& f, nlohmann::json& c) {
+  const std::string p = "deepseek2.";
+  const auto refuse = [&](const std::string& what) {
+    throw UnsupportedError("GGUF file " + f.path() + ": " + what +
+                           "; flexmodel reads deepseek2 files of DeepSeek-V2's routing (softmax, scaled, not "
+                           "renormalised) so far");
+  };
+  if (int_or(f, p + "expert_gating_func", 1) != 1) refuse("expert_gating_func is not softmax (DeepSeek-V3's sigmoid)");
+  if (f.contains("blk." + std::to_string(int_or(f, p + "leading_dense_block_count", 0)) + ".exp_probs_b.bias"))
+    refuse("tensor 'exp_probs_b' (DeepSeek-V3's score correction) is present");
+  if (f.has(p + "expert_weights_norm") && f.value(p + "expert_weights_norm").to_bool())
+    refuse("expert_weights_norm is true");
+  c["num_key_value_heads"] = c["num_attention_heads"];  // every head has its keys (decompressed)
+  c["q_lora_rank"] = f.has(p + "attention.q_lora_rank") ? nlohmann::json(f.get_int(p + "attention.q_lora_rank"))
+                                                        : nlohmann::json(nullptr);
+  c["kv_lora_rank"] = f.get_int(p + "attention.kv_lora_rank");
+  const int64_t rope = f.get_int(p + "rope.dimension_count");
+  const bool mla = f.has(p + "attention.key_length_mla");
+  c["qk_rope_head_dim"] = rope;
+  c["qk_nope_head_dim"] = f.get_int(p + (mla ? "attention.key_length_mla" : "attention.key_length")) - rope;
+  c["v_head_dim"] = f.get_int(p + (mla ? "attention.value_length_mla" : "attention.value_length"));
+  c["n_routed_experts"] = f.get_int(p + "expert_count");
+  c["num_experts_per_tok"] = f.get_int(p + "expert_used_count");
+  c["moe_intermediate_size"] = f.get_int(p + "expert_feed_forward_length");
+  c["n_shared_experts"] = int_or(f, p + "expert_shared_count", 0);
+  c["routed_scaling_factor"] = double_or(f, p + "expert_weights_scale", 1.0);
+  c["first_k_dense_replace"] = int_or(f, p + "leading_dense_block_count", 0);
+  const int64_t groups = int_or(f, p + "expert_group_count", 1);
+  c["topk_method"] = groups > 1 ? "group_limited_greedy" : "greedy";
+  c["n_group"] = groups;
+  c["topk_group"] = int_or(f, p + "expert_group_used_count", 1);
+}
+
 }  // namespace
 
 nlohmann::json gguf_config_json(const GgufFile& f) {
@@ -213,7 +257,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
     c["max_position_embeddings"] = f.get_int(p + "context_length");
     c["rms_norm_eps"] = f.get_double(p + "attention.layer_norm_rms_epsilon");
     c["rope_theta"] = double_or(f, p + "rope.freq_base", 10000.0);
-    if (heads > 0 && arch != "phi3" && arch != "olmo2")  // their configs have no head_dim (hidden / heads)
+    if (heads > 0 && arch != "phi3" && arch != "olmo2" && arch != "deepseek2")  // no head_dim in their configs
       c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
     if (f.has(p + "rope.scaling.type")) {
       const std::string kind = f.get_string(p + "rope.scaling.type");
@@ -258,6 +302,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
       c["query_pre_attn_scalar"] = c["num_hidden_layers"] == big && heads > 0 ? hidden / heads : head_dim;
       c["sliding_window"] = f.get_int(p + "attention.sliding_window");
     }
+    if (arch == "deepseek2") deepseek2_config(f, c);
     if (arch == "gemma2") {
       c["attn_logit_softcapping"] = f.get_double(p + "attn_logit_softcapping");
       c["final_logit_softcapping"] = f.get_double(p + "final_logit_softcapping");
@@ -285,7 +330,7 @@ GgufLayout::GgufLayout(const GgufFile& f) : arch_(f.get_string("general.architec
   norms_plus_one_ = a->norms_plus_one;
   heads_ = config_.contains("n_head") ? config_["n_head"].get<int64_t>() : config_["num_attention_heads"].get<int64_t>();
   kv_heads_ = config_.value("num_key_value_heads", heads_);
-  experts_ = config_.value("num_experts", int64_t{0});
+  experts_ = config_.value("num_experts", config_.value("n_routed_experts", int64_t{0}));
 }
 
 std::vector<GgufPiece> GgufLayout::pieces(const GgufFile& f, const std::string& g) const {
@@ -349,6 +394,7 @@ std::vector<GgufPiece> GgufLayout::pieces(const GgufFile& f, const std::string& 
   }
   piece.transpose = arch_ == "gpt2" && suffix == ".weight" && f.tensor(g).shape.size() == 2 && part != "attn_norm" &&
                     part != "ffn_norm";
+  piece.joined = arch_ == "deepseek2" && (part == "attn_k_b" || part == "attn_v_b");
   piece.minus_one = norms_plus_one_ && part.size() > 4 && part.compare(part.size() - 4, 4, "norm") == 0 &&
                     suffix == ".weight";
   return {piece};
@@ -362,6 +408,33 @@ at::Tensor GgufLayout::apply(const GgufFile& f, const std::string& g, const Gguf
   if (is_float && p.transpose) t = t.t().contiguous();
   if (is_float && p.minus_one) t = t - 1.0;
   return t;
+}
+
+void GgufLayout::join_pieces(const GgufFile& f, std::map<std::string, at::Tensor>& tensors,
+                             std::map<std::string, std::string>& stored) const {
+  if (arch_ != "deepseek2") return;
+  // kv_b_proj rows per head are [k_nope | v]; the converter stored k_b as
+  // [heads, kv_lora, nope] (transposed) and v_b as [heads, v, kv_lora].
+  const std::string k_suffix = "self_attn.k_b_proj.weight";
+  std::vector<std::string> keys;
+  for (const auto& [name, t] : tensors)
+    if (name.size() > k_suffix.size() && name.compare(name.size() - k_suffix.size(), k_suffix.size(), k_suffix) == 0)
+      keys.push_back(name);
+  for (const std::string& k_name : keys) {
+    const std::string base = k_name.substr(0, k_name.size() - k_suffix.size()) + "self_attn.";
+    const std::string v_name = base + "v_b_proj.weight", kv_name = base + "kv_b_proj.weight";
+    auto v = tensors.find(v_name);
+    if (v == tensors.end())
+      throw NotFoundError("GGUF file " + f.path() + ": tensor '" + stored[k_name] + "' has no attn_v_b beside it");
+    const at::Tensor k_b = tensors[k_name], v_b = v->second;
+    if (k_b.dim() != 3 || v_b.dim() != 3 || k_b.size(0) != v_b.size(0) || k_b.size(1) != v_b.size(2))
+      throw ShapeError("GGUF file " + f.path() + ": tensors '" + stored[k_name] + "' and '" + stored[v_name] +
+                       "' do not split one kv_b_proj ([heads, kv_lora, nope] and [heads, v, kv_lora] expected)");
+    tensors[kv_name] = at::cat({k_b.transpose(1, 2), v_b}, 1).reshape({-1, k_b.size(1)}).contiguous();
+    stored[kv_name] = stored[k_name];
+    tensors.erase(k_name);
+    tensors.erase(v_name);
+  }
 }
 
 }  // namespace gguf_detail

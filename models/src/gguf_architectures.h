@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,9 @@ struct GgufPiece {
   int64_t heads = 0;         // for Unpermute / HeadsQkv
   bool transpose = false;    // GPT-2's Conv1D: [out, in] in the file, [in, out] in the model
   bool minus_one = false;    // Gemma's norms: the file holds 1 + w
+  bool joined = false;       // one part of a tensor join_pieces assembles (DeepSeek's k_b / v_b)
   /// Whether the stored blocks can be kept (no float-only rewrite).
-  bool keeps_blocks() const { return !transpose && !minus_one; }
+  bool keeps_blocks() const { return !transpose && !minus_one && !joined; }
 };
 
 /// The architecture of a GGUF file, read once.
@@ -44,6 +46,11 @@ class GgufLayout {
   /// bytes as [.., rows, row bytes]) cut and reordered for `p`; float-only
   /// rewrites apply when `is_float`.
   at::Tensor apply(const GgufFile& f, const std::string& g, const GgufPiece& p, at::Tensor t, bool is_float) const;
+  /// Replaces the float parts of joined tensors in `tensors` (model name ->
+  /// tensor) by the tensor they make (DeepSeek's kv_b_proj from k_b and v_b);
+  /// `stored` (model name -> GGUF name, for messages) follows.
+  void join_pieces(const GgufFile& f, std::map<std::string, at::Tensor>& tensors,
+                   std::map<std::string, std::string>& stored) const;
 
  private:
   std::string arch_;

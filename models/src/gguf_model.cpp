@@ -41,11 +41,19 @@ bool is_gguf_file(const std::string& path) {
 std::vector<std::pair<std::string, at::Tensor>> gguf_state_dict(const GgufFile& f) {
   const GgufLayout layout(f);
   std::vector<std::pair<std::string, at::Tensor>> out;
+  std::map<std::string, at::Tensor> joined;  // parts of tensors join_pieces assembles
+  std::map<std::string, std::string> stored;
   for (const auto& g : f.tensor_names()) {
     const std::vector<GgufPiece> pieces = layout.pieces(f, g);
     const at::Tensor t = f.dequantize(g);
-    for (const auto& p : pieces) out.emplace_back(p.name, layout.apply(f, g, p, t, /*is_float=*/true).contiguous());
+    for (const auto& p : pieces) {
+      at::Tensor x = layout.apply(f, g, p, t, /*is_float=*/true).contiguous();
+      if (p.joined) joined[p.name] = x, stored[p.name] = g;
+      else out.emplace_back(p.name, x);
+    }
   }
+  layout.join_pieces(f, joined, stored);
+  for (auto& [name, t] : joined) out.emplace_back(name, t);
   return out;
 }
 
@@ -99,6 +107,7 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
       }
     }
   }
+  layout.join_pieces(*f, tensors, stored);
   const GgmlActivations activations = o.fast_activations ? GgmlActivations::Q8 : GgmlActivations::Float;
 
   std::set<std::string> tied_out;

@@ -19,6 +19,9 @@ Transformers 5.23's logits on the weights gguf-py dequantizes from the file
             [experts, rows, cols], router ffn_gate_inp and the shared expert's
             gate ffn_gate_inp_shexp kept F32 (as the converter keeps them)
   qwen3moe  Qwen3-MoE: the same without shared expert, q/k norms, normalised top-k
+  deepseek2 DeepSeek-V2: latent attention (q-LoRA), kv_b_proj split per head into
+            attn_k_b (transposed) and attn_v_b as the converter splits it,
+            head_count_kv 1, a dense first layer, greedy softmax routing scaled
 """
 
 import os
@@ -37,7 +40,8 @@ IDS = [[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]]  # longer than the window of 4
 # The module whose output each golden file also records (same name in flexmodel).
 CAPTURED = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",
             "gpt2": "transformer.h.1.mlp", "gptneox": "gpt_neox.layers.1.attention",
-            "qwen2moe": "model.layers.1.mlp", "qwen3moe": "model.layers.1.mlp"}
+            "qwen2moe": "model.layers.1.mlp", "qwen3moe": "model.layers.1.mlp",
+            "deepseek2": "model.layers.1.self_attn"}
 
 # Tensors llama.cpp's converter keeps in F32 whatever the file type (routers).
 KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -134,6 +138,10 @@ def write_file(path, arch, hparams, tensors):
         for name, f in (inverse or {}).items():
             if isinstance(f, tuple) and f[0] == "cat":  # gate | up rows of fused experts
                 back[name] = np.concatenate([read[f[1]], read[g]], axis=1)
+            elif isinstance(f, tuple) and f[0] == "kv_b":  # DeepSeek's kv_b_proj from k_b (transposed) and v_b
+                k_b, v_b = read[f[1]], read[g]
+                kv = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)
+                back[name] = np.ascontiguousarray(kv.reshape(-1, kv.shape[-1]))
             else:
                 back[name] = np.ascontiguousarray(f(read[g]))
     return back
@@ -333,12 +341,71 @@ def write_qwen_moes():
     golden("qwen3moe", Qwen3MoeForCausalLM, cfg, back, tied=False)
 
 
+DEEPSEEK_BLOCK = {**DECODER_BLOCK, "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm",
+                  "self_attn.q_b_proj": "attn_q_b", "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+                  "self_attn.kv_a_layernorm": "attn_kv_a_norm", "self_attn.kv_b_proj": "attn_kv_b",
+                  "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                  "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+
+
+def write_deepseek2():
+    """DeepSeek-V2 (greedy softmax routing, q-LoRA, one dense layer then MoE): the
+    converter splits kv_b_proj per head into attn_k_b (transposed: [heads,
+    kv_lora, nope]) and attn_v_b ([heads, v, kv_lora]) and writes head_count_kv 1."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+    cfg = DeepseekV2Config(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                           num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                           n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                           q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+                           topk_method="greedy", routed_scaling_factor=1.5, norm_topk_prob=False, rms_norm_eps=1e-6,
+                           max_position_embeddings=64, tie_word_embeddings=False,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = randomize(DeepseekV2ForCausalLM(cfg), 66)
+    heads, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    tensors = []
+    for g, x, inverse in decoder_tensors(model, DEEPSEEK_BLOCK):
+        if not g.endswith("attn_kv_b.weight"):
+            tensors.append((g, x, inverse))
+            continue
+        (name, _), = inverse.items()
+        kv = x.reshape(heads, nope + v, x.shape[-1])
+        k_name = g.replace("attn_kv_b", "attn_k_b")
+        again = np.concatenate([kv[:, :nope], kv[:, nope:]], axis=1).reshape(x.shape)
+        assert np.array_equal(again, x)  # the split is the inverse of the loader's join
+        tensors.append((k_name, np.ascontiguousarray(kv[:, :nope].transpose(0, 2, 1)), None))
+        tensors.append((g.replace("attn_kv_b", "attn_v_b"), np.ascontiguousarray(kv[:, nope:]), {name: ("kv_b", k_name)}))
+
+    def extra(w):
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_q_lora_rank(cfg.q_lora_rank)
+        w.add_kv_lora_rank(cfg.kv_lora_rank)
+        w.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        w.add_value_length(cfg.kv_lora_rank)
+        w.add_key_length_mla(nope + cfg.qk_rope_head_dim)
+        w.add_value_length_mla(v)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_rope_dimension_count(cfg.qk_rope_head_dim)
+
+    class MQA:  # what the converter writes: MLA as MQA, one kv head
+        def __getattr__(self, k):
+            return 1 if k == "num_key_value_heads" else getattr(cfg, k)
+    back = write_file(os.path.join(OUT, "deepseek2-tiny-q8_0.gguf"), "deepseek2", decoder_hparams(MQA(), extra), tensors)
+    golden("deepseek2", DeepseekV2ForCausalLM, cfg, back, tied=False)
+
+
 def main():
     write_gemma3()
     write_olmo2()
     write_gpt2()
     write_gptneox()
     write_qwen_moes()
+    write_deepseek2()
 
 
 if __name__ == "__main__":

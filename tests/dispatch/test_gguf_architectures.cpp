@@ -1,9 +1,10 @@
 // The GGUF architectures beyond the Llama family's first five: gemma3,
-// olmo2, gpt2, gptneox, qwen2moe and qwen3moe, each a random tiny model
-// written as llama.cpp's converter writes it (scripts/golden/make_gguf_archs.py:
-// its names and metadata keys, its rewrites: GPT-2's transposed Conv1D
-// weights, GPT-NeoX's regrouped q|k|v rows, stacked 3-D experts, Gemma's
-// 1 + w norms), Q8_0. Checked against Transformers 5.23 on the weights gguf-py
+// olmo2, gpt2, gptneox, qwen2moe, qwen3moe and deepseek2, each a random tiny
+// model written as llama.cpp's converter writes it
+// (scripts/golden/make_gguf_archs.py: its names and metadata keys, its
+// rewrites: GPT-2's transposed Conv1D weights, GPT-NeoX's regrouped q|k|v
+// rows, stacked 3-D experts, Gemma's 1 + w norms, DeepSeek's kv_b_proj split
+// into k_b / v_b and MQA head count), Q8_0. Checked against Transformers 5.23 on the weights gguf-py
 // dequantizes from the same file: the logits, and one module's output
 // captured by a forward hook (hooks work unchanged on the GGUF model).
 #include <flex/dispatch/gguf.h>
@@ -41,6 +42,7 @@ const Case kCases[] = {
     {"gptneox", "gpt_neox", "GPTNeoXForCausalLM", "gpt_neox.layers.1.attention"},
     {"qwen2moe", "qwen2_moe", "Qwen2MoeForCausalLM", "model.layers.1.mlp"},
     {"qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM", "model.layers.1.mlp"},
+    {"deepseek2", "deepseek_v2", "DeepseekV2ForCausalLM", "model.layers.1.self_attn"},
 };
 
 std::string gguf(const Case& c) { return data_path(std::string("gguf/") + c.arch + "-tiny-q8_0.gguf"); }

@@ -4,8 +4,9 @@
 // module names, dequantized to float32 and the rewrites of llama.cpp's
 // converter undone (Llama's q/k rows, GPT-NeoX's q|k|v rows, GPT-2's
 // transposed Conv1D weights, Gemma's 1 + w norms, experts stacked in 3-D
-// tensors). Architectures (llama.cpp's names): llama (also Mistral), qwen2,
-// qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3, olmo2, gpt2, gptneox.
+// tensors, DeepSeek's kv_b split). Architectures (llama.cpp's names): llama
+// (also Mistral), qwen2, qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3,
+// olmo2, gpt2, gptneox, deepseek2 (DeepSeek-V2's routing).
 // from_pretrained("model.gguf")
 // comes here; matrices in a quantized ggml type stay in their blocks
 // (flex/quant/ggml_format.h) unless options.gguf_quantized is false.
