@@ -7,6 +7,7 @@
 // into k_b / v_b and MQA head count), Q8_0. Checked against Transformers 5.23 on the weights gguf-py
 // dequantizes from the same file: the logits, and one module's output
 // captured by a forward hook (hooks work unchanged on the GGUF model).
+#include <flex/dispatch/atomic_file.h>
 #include <flex/dispatch/gguf.h>
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -19,8 +20,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstring>
+#include <fstream>
 #include <string>
 
+#include "expect_error.h"
 #include "tensor_compare.h"
 #include "test_util.h"
 
@@ -98,6 +102,39 @@ TEST(GgufArchitectures, ExpertsAreSlicesOfTheStackedTensor) {
   ASSERT_TRUE(gate);
   EXPECT_FALSE(gate->weight_format());
   EXPECT_TRUE(flex_test::equal(gate->weight, f->dequantize("blk.0.ffn_gate_inp_shexp.weight")));
+}
+
+// Metadata the tensors do not fit: typed errors naming the file and the tensor or key.
+TEST(GgufArchitectures, BadMetadataNamesTheFileAndTheField) {
+  flex_test::TempDir dir;
+  // A uint32 metadata value replaced (the key's bytes, its type 4, then the value).
+  auto patched = [&](const Case& c, const std::string& key, uint32_t from, uint32_t to) {
+    std::string b = flex::read_file(gguf(c));
+    std::string needle = key + std::string("\x04\0\0\0", 4);
+    needle.append(reinterpret_cast<const char*>(&from), 4);
+    const size_t at = b.find(needle);
+    EXPECT_NE(at, std::string::npos) << key;
+    std::memcpy(&b[at + key.size() + 4], &to, 4);
+    const std::string p = dir.str(std::string(c.arch) + "-" + key + ".gguf");
+    std::ofstream(p, std::ios::binary) << b;
+    return p;
+  };
+  // Stacked experts of another count than expert_count.
+  const std::string moe = patched(kCases[4], "qwen2moe.expert_count", 4, 5);
+  flex_test::expect_error<flex::FileFormatError>([&] { flex::from_pretrained(moe); },
+                                                 {moe, "'blk.0.ffn_gate_exps.weight'", "5 experts"});
+  // GPT-NeoX's rotary width beyond the head.
+  const std::string neox = patched(kCases[3], "gptneox.rope.dimension_count", 8, 99);
+  flex_test::expect_error<flex::FileFormatError>([&] { flex::from_pretrained(neox); },
+                                                 {neox, "gptneox.rope.dimension_count", "99"});
+  // DeepSeek-V3's score correction under arch deepseek2: refused, not run as V2's routing.
+  std::string b = flex::read_file(gguf(kCases[6]));
+  const size_t at = b.find("blk.1.attn_norm.weight");
+  ASSERT_NE(at, std::string::npos);
+  b.replace(at, 22, "blk.1.exp_probs_b.bias");  // same length
+  const std::string v3 = dir.str("deepseek-v3.gguf");
+  std::ofstream(v3, std::ios::binary) << b;
+  flex_test::expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(v3); }, {v3, "exp_probs_b", "DeepSeek-V3"});
 }
 
 }  // namespace
