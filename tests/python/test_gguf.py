@@ -118,3 +118,23 @@ def test_quantize_head_q8_0_keeps_the_head_hooked_and_near_float():
         assert "--quantize-head" in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
     else:
         raise AssertionError("no error for quantize_head='q4_k'")
+
+
+ARCHS = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",
+         "gpt2": "transformer.h.1.mlp", "gptneox": "gpt_neox.layers.1.attention", "qwen2moe": "model.layers.1.mlp",
+         "qwen3moe": "model.layers.1.mlp", "deepseek2": "model.layers.1.self_attn"}
+
+
+def test_gguf_architectures_through_python():
+    """Each llama.cpp architecture beyond the first five (make_gguf_archs.py): FlexModel's
+    capture of one module and the logits equal Transformers' on gguf-py's weights."""
+    for arch, module in ARCHS.items():
+        ref = load_file(str(DATA.parent / "gguf" / f"{arch}-tiny-q8_0.logits.safetensors"))
+        out = {}
+        fm = flexmodel.FlexModel(flexmodel.from_pretrained(DATA.parent / "gguf" / f"{arch}-tiny-q8_0.gguf"), out)
+        fm.register_forward_hook(flexmodel.HookFunction(module, expected_shape=tuple(ref["capture"].shape)))
+        with torch.no_grad():
+            logits = fm(ref["input_ids"])
+        assert_close(logits, ref["logits"], 1e-5, f"{arch} logits")
+        got = out[module][0] if isinstance(out[module], list) else out[module]
+        assert_close(got, ref["capture"], 1e-5, f"{arch} capture of {module}")
