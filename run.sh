@@ -11,7 +11,10 @@
 # held-out rows, and `flexmodel report`: which heads attend to the previous
 # token, to the first token, or from a repeated token to the one after its
 # earlier copy (induction), and the circuit they form, measured, printed, and
-# drawn in one HTML page with the logit lens and activation norms.
+# drawn in one HTML page with the logit lens and activation norms. Without
+# MODEL_DIR it then trains a transcoder per layer (`flexmodel train-sae`,
+# about 1 minute) and traces the induction circuit as an attribution graph
+# (`flexmodel attribute`: induction_graph.json / .html).
 # Environment: FLEXMODEL_BUILD (build folder, default ./build),
 # FLEXMODEL_SKIP_BUILD=1 (use that build as is), FLEXMODEL_DEMO_DIR (outputs,
 # default <build>/demo), FLEXMODEL_TRAIN_SECONDS (training time limit, 300;
@@ -48,4 +51,23 @@ echo "== flexmodel capture: every module and the attention probabilities"
 
 echo "== flexmodel report: what the heads do"
 "$build/tools/flexmodel" report "$work/capture.safetensors" --out "$work/report.html"
-echo "== done: open $work/report.html (activations: $work/capture.safetensors)"
+if [ "$#" -eq 0 ]; then
+  # The circuit again, as an attribution graph (circuit-tracer's): a
+  # transcoder for each MLP trained on more rows of the same task, then the
+  # direct effects that predict the next token inside a repeated copy.
+  echo "== flexmodel train-sae: a transcoder for each layer's MLP, on 2048 other rows"
+  "$build/examples/train_induction" "$model" --work "$work/corpus" --batch 2048 --seed 1 >/dev/null
+  for layer in 0 1; do
+    OMP_NUM_THREADS=1 "$build/tools/flexmodel" train-sae --model "$model" --dataset "$work/corpus/repeated_ids.safetensors" \
+      --context-len 64 --hook blocks.$layer.mlp.hook_in --transcoder-out blocks.$layer.mlp.hook_out \
+      --architecture batchtopk --k 16 --d-sae 256 --total-tokens 1500000 --batch-tokens 1024 --lr 1e-3 \
+      --lr-decay-steps 300 --no-normalize --eval-tokens 4096 --out "$work/transcoders/layer$layer"
+  done
+  echo "== flexmodel attribute: the graph of the next token inside a repeated copy"
+  "$build/tools/flexmodel" attribute "$model" --transcoders "$work/transcoders" \
+    --input-ids "$work/induction_prompt.safetensors" --out "$work/induction_graph.json" \
+    --html "$work/induction_graph.html" --slug induction
+  echo "== done: open $work/report.html and $work/induction_graph.html (activations: $work/capture.safetensors)"
+else
+  echo "== done: open $work/report.html (activations: $work/capture.safetensors)"
+fi

@@ -9,8 +9,11 @@
 //   train_induction [--work DIR] [--steps N] [--seconds S] [--seed K]
 //       trains, writes DIR/induction-llama/ and DIR/repeated_ids.safetensors;
 //       exit code 3 when the limit comes before the model learnt the copy
-//   train_induction MODEL_DIR [--work DIR] [--batch B]
+//   train_induction MODEL_DIR [--work DIR] [--batch B] [--seed K]
 //       writes only DIR/repeated_ids.safetensors, drawn from MODEL_DIR's vocabulary
+//       (--seed K > 0: other rows than the held-out ones)
+// Both also write DIR/induction_prompt.safetensors: row 0 cut inside its
+// first repeated copy (the prompt run.sh traces an attribution graph of).
 //
 // Why the rows look as they do (each choice measured; see docs/design.md):
 // - Two segments of 8-15 distinct tokens, each occurring twice, at random
@@ -86,6 +89,7 @@ std::vector<int64_t> alphabet(const flex::ModelConfig& cfg, bool tiny) {
 struct Rows {
   at::Tensor ids;          // [B, kRowLength]
   at::Tensor predictable;  // [B, kRowLength - 1]: the next token continues a copy (its 2nd..last token)
+  std::vector<int64_t> first_copy_at;  // per row: where the earliest second occurrence starts
 };
 
 /// B rows: a BOS (when the model has one), then fillers and the two
@@ -93,6 +97,7 @@ struct Rows {
 Rows repeated_rows(int64_t B, const std::vector<int64_t>& alpha, std::optional<int64_t> bos, Rng& rng) {
   const int64_t T = kRowLength, body = T - (bos ? 1 : 0);
   at::Tensor ids = at::empty({B, T}, at::kLong), predictable = at::zeros({B, T - 1}, at::kBool);
+  std::vector<int64_t> first_copy_at(B, -1);
   auto id = ids.accessor<int64_t, 2>();
   auto pred = predictable.accessor<bool, 2>();
   for (int64_t b = 0; b < B; ++b) {
@@ -123,6 +128,7 @@ Rows repeated_rows(int64_t B, const std::vector<int64_t>& alpha, std::optional<i
       const int64_t k = order[i];
       const bool second = start[k] >= 0;
       if (!second) start[k] = t;
+      if (second && first_copy_at[b] < 0) first_copy_at[b] = t;
       for (int64_t j = 0; j < length[k]; ++j, ++t) {
         id[b][t] = tokens[offset[k] + j];
         if (second && j > 0) pred[b][t - 1] = true;
@@ -130,7 +136,7 @@ Rows repeated_rows(int64_t B, const std::vector<int64_t>& alpha, std::optional<i
     }
     fill(free - cuts.back());
   }
-  return {ids, predictable};
+  return {ids, predictable, first_copy_at};
 }
 
 /// Mean next-token loss where `mask` [B, T - 1] is set.
@@ -237,7 +243,10 @@ int main(int argc, char** argv) {
     }
     const auto cfg = flex::load_config(dir);
     const int64_t batch = opt.extra.count("--batch") ? std::stoll(opt.extra["--batch"]) : 8;
-    Rng held_out{99};  // not a training seed
+    // Not a training seed; --seed K (K > 0) with MODEL_DIR draws other rows,
+    // e.g. a corpus to train dictionaries on apart from the held-out rows.
+    const uint64_t rows_seed = !tiny && opt.extra.count("--seed") ? std::stoull(opt.extra["--seed"]) : 0;
+    Rng held_out{99 + rows_seed};
     const Rows rows = repeated_rows(batch, alphabet(cfg, tiny), cfg.bos_token_id, held_out);
     const std::string out = opt.work + "/repeated_ids.safetensors";
     flex::save_safetensors(out, {{"input_ids", rows.ids}});
@@ -246,6 +255,13 @@ int main(int argc, char** argv) {
                 out.c_str(), static_cast<long long>(batch), static_cast<long long>(kRowLength),
                 static_cast<long long>(kSegments), static_cast<long long>(kMinSegment),
                 static_cast<long long>(kMaxSegment));
+    // One prompt for an attribution graph: row 0 up to the 7th token of its
+    // first repeated copy, so the next token is predictable only by induction.
+    const int64_t cut = rows.first_copy_at[0] + 6;
+    const std::string prompt = opt.work + "/induction_prompt.safetensors";
+    flex::save_safetensors(prompt, {{"input_ids", rows.ids[0].narrow(0, 0, cut).contiguous()}});
+    std::printf("wrote %s: row 0's first %lld tokens, ending inside its first repeated copy\n", prompt.c_str(),
+                static_cast<long long>(cut));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_induction: error: %s\n", e.what());

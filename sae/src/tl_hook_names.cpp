@@ -35,7 +35,8 @@ std::string first_existing(Module& model, const std::vector<std::string>& names)
 const char* kUnderstood =
     "hook_embed, hook_pos_embed, blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / "
     "hook_mlp_out / hook_mlp_in / ln1.hook_normalized / ln2.hook_normalized / attn.hook_q / attn.hook_k / attn.hook_v / "
-    "attn.hook_z / attn.hook_pattern, or a module name of the model";
+    "attn.hook_z / attn.hook_pattern; circuit-tracer's blocks.L.mlp.hook_in / mlp.hook_out; or a module name of the "
+    "model";
 
 // TransformerLens's hook_q/k/v: the projection's output (before rotary
 // embedding and any q/k norm) split into heads; k and v with the KV heads.
@@ -126,6 +127,12 @@ HookPointRef resolve_hook_name(Module& model, const std::string& hook_name) {
   } else if (rest == "hook_mlp_in") {
     if (!mlp_norm.empty()) return {mlp_norm, true};
     if (!ffn.empty()) return {ffn, true};  // no norm before the MLP: its input is the residual
+  } else if (rest == "mlp.hook_in" && !ffn.empty()) {
+    // circuit-tracer's names for what its transcoders read and write: the
+    // MLP module's own input (the norm's output) and output.
+    return {ffn, true};
+  } else if (rest == "mlp.hook_out" && !ffn.empty()) {
+    return {ffn, false};
   } else if (rest == "ln2.hook_normalized" && !mlp_norm.empty()) {
     return {mlp_norm, true, true};
   } else if (rest == "ln1.hook_normalized" && !attn_norm.empty()) {

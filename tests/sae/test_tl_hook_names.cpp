@@ -121,6 +121,34 @@ TEST(TlHookNamesInFlexModel, NormalizedAndQkvAreTheirDefinitions) {
   }
 }
 
+// circuit-tracer's transcoder places: blocks.L.mlp.hook_in is the MLP module's input, the MLP norm's output
+// (weight applied, unlike ln2.hook_normalized); mlp.hook_out the MLP module's own output, before Gemma 2's
+// post-feedforward norm (which hook_mlp_out includes).
+TEST(TlHookNamesInFlexModel, CircuitTracerMlpPlaces) {
+  install_transformer_lens_names();
+  for (const std::string name : {"gpt2", "gemma2"}) {
+    auto lm = load_pretrained(flex_test::data_path("golden5/" + name));
+    const bool gpt2 = name == "gpt2";
+    const std::string block = gpt2 ? "transformer.h.1" : "model.layers.1";
+    const std::string norm = block + (gpt2 ? ".ln_2" : ".pre_feedforward_layernorm"), mlp = block + ".mlp";
+    FlexModel fm(lm);
+    for (const std::string& n : std::vector<std::string>{"blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
+                                                         "blocks.1.hook_mlp_out", "blocks.1.ln2.hook_normalized", norm, mlp})
+      fm.register_forward_hook(std::make_shared<HookFunction>(n));
+    at::NoGradGuard ng;
+    at::manual_seed(4);
+    fm.forward(at::randint(3, 96, {2, 9}, at::kLong));
+    auto got = [&](const std::string& k) { return fm.output().at(k).at(0); };
+    EXPECT_TRUE(flex_test::equal(got("blocks.1.mlp.hook_in"), got(norm))) << name;
+    EXPECT_TRUE(flex_test::equal(got("blocks.1.mlp.hook_out"), got(mlp))) << name;
+    // The norm's weight is not 1, so the MLP's input is not TransformerLens's normalised value.
+    EXPECT_GT((got("blocks.1.mlp.hook_in") - got("blocks.1.ln2.hook_normalized")).abs().max().item<double>(), 1e-3) << name;
+    if (!gpt2) {
+      EXPECT_GT((got("blocks.1.mlp.hook_out") - got("blocks.1.hook_mlp_out")).abs().max().item<double>(), 1e-3);
+    }
+  }
+}
+
 // An edit through a name is the same edit made at the module it stands for (here: GPT-2's head 2 of v zeroed,
 // against zeroing those columns of c_attn's output); a normalised value is read only; names flexmodel has no value
 // for, or used with another hook type, are typed errors naming them; a group selects named hooks by substring.

@@ -17,7 +17,7 @@ body{font:13px/1.4 system-ui,sans-serif;margin:16px;color:#1d1d1f}
 h1{font-size:19px;margin:0 0 4px}.meta{color:#555;margin-bottom:8px}
 #controls{margin:6px 0}#controls input{vertical-align:middle;width:260px}
 #wrap{display:flex;gap:16px;align-items:flex-start}
-svg#graph{background:#fff;border:1px solid #ddd}
+#canvas{flex:1 1 auto;min-width:0;overflow:auto;border:1px solid #ddd}svg#graph{background:#fff;display:block}
 #details{min-width:300px;max-width:380px;font-size:12px}
 #details table{border-collapse:collapse}#details td{padding:1px 6px;border-bottom:1px solid #eee}
 #details td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -27,8 +27,12 @@ svg#graph{background:#fff;border:1px solid #ddd}
 )";
 
 // Layout: one column per token position, one row per layer; nodes of a cell
-// sit side by side. Edge width by |weight| relative to the largest, colour by
-// sign (blue positive, red negative), as circuit-tracer's viewer shows them.
+// sit side by side. A position with nothing above its embedding gets a narrow
+// column (as circuit-tracer's viewer collapses them), so the positions that
+// carry the circuit keep their width on a long prompt; the drawing scrolls in
+// its box rather than being scaled down to it. Edge width by |weight|
+// relative to the largest, colour by sign (blue positive, red negative), as
+// circuit-tracer's viewer shows them.
 const char* kScript = R"JS(
 (function(){
 const errs = document.getElementById('errors');
@@ -45,10 +49,17 @@ let nPos = tokens.length, nRows = 1;
 for (const n of g.nodes) { nPos = Math.max(nPos, n.ctx_idx + 1); nRows = Math.max(nRows, row(n) + 1); }
 const cells = {};
 for (const n of g.nodes) { const k = row(n) + ':' + n.ctx_idx; (cells[k] = cells[k] || []).push(n); }
-let perCell = 1;
-for (const k in cells) perCell = Math.max(perCell, cells[k].length);
-const colW = Math.max(64, Math.min(perCell, 8) * 13 + 12), rowH = 46, left = 70, bottom = 60, top = 16;
-const W = left + nPos * colW + 10, H = top + nRows * rowH + bottom;
+// Width of column c: its fullest cell's nodes, 8 to a line; narrow when only
+// the embedding row holds a node there.
+const colW = new Array(nPos).fill(22), colX = new Array(nPos + 1).fill(0);
+for (const k in cells) {
+  const list = cells[k], r = row(list[0]), c = list[0].ctx_idx;
+  if (r > 0 || list.length > 1) colW[c] = Math.max(colW[c], 48, Math.min(list.length, 8) * 13 + 12);
+}
+const rowH = 84, left = 70, bottom = 84, top = 16;
+colX[0] = left;
+for (let c = 0; c < nPos; ++c) colX[c + 1] = colX[c] + colW[c];
+const W = colX[nPos] + 10, H = top + nRows * rowH + bottom;
 const svg = document.getElementById('graph');
 svg.setAttribute('width', W); svg.setAttribute('height', H); svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
 const el = (tag, attrs, parent) => { const e = document.createElementNS(NS, tag); for (const a in attrs) e.setAttribute(a, attrs[a]); (parent || svg).appendChild(e); return e; };
@@ -56,10 +67,10 @@ const text = (x, y, s, attrs) => { const t = el('text', Object.assign({x: x, y: 
 const byId = {}, pos = {};
 for (const k in cells) {
   const list = cells[k], r = row(list[0]), c = list[0].ctx_idx;
-  const perLine = Math.min(list.length, 8), step = (colW - 12) / Math.max(perLine, 1);
+  const perLine = Math.min(list.length, 8), step = (colW[c] - 12) / Math.max(perLine, 1);
   list.forEach((n, i) => {
     const line = Math.floor(i / 8), j = i % 8;
-    pos[n.node_id] = {x: left + c * colW + 6 + step * (j + 0.5), y: top + (nRows - 1 - r) * rowH + rowH / 2 + line * 9 - 6};
+    pos[n.node_id] = {x: colX[c] + 6 + step * (j + 0.5), y: top + (nRows - 1 - r) * rowH + rowH / 2 + line * 9 - 6};
   });
 }
 for (let r = 0; r < nRows; ++r) {
@@ -67,10 +78,12 @@ for (let r = 0; r < nRows; ++r) {
   el('line', {x1: left, x2: W - 10, y1: y, y2: y, stroke: '#f1f1f1'});
   text(6, y + 4, r === 0 ? 'embed' : r === nRows - 1 && g.nodes.some(n => n.feature_type === 'logit' && row(n) === r) ? 'logits' : 'layer ' + (r - 1));
 }
+// Token labels slanted, so a narrow column's label does not run into the next.
 tokens.forEach((t, c) => {
-  const x = left + c * colW + colW / 2, y = top + nRows * rowH + 14;
-  text(x, y, JSON.stringify(t).slice(1, -1).slice(0, 10), {'text-anchor': 'middle', 'font-family': 'ui-monospace,monospace'});
-  text(x, y + 14, String(c), {'text-anchor': 'middle', fill: '#999', 'font-size': 10});
+  const x = colX[c] + colW[c] / 2, y = top + nRows * rowH + 6;
+  text(x, y + 8, String(c), {'text-anchor': 'middle', fill: '#999', 'font-size': 9});
+  text(x + 3, y + 18, JSON.stringify(t).slice(1, -1).slice(0, 12),
+       {'text-anchor': 'end', 'font-family': 'ui-monospace,monospace', transform: 'rotate(-45 ' + (x + 3) + ' ' + (y + 18) + ')'});
 });
 let maxW = 0;
 for (const l of g.links) maxW = Math.max(maxW, Math.abs(l.weight));
@@ -164,7 +177,8 @@ std::string render_attribution_html(const nlohmann::json& graph) {
     << "<div id=\"controls\"><label>hide edges with |weight| below <input type=\"range\" id=\"min-weight\" min=\"0\" "
        "value=\"0\"></label> <span id=\"min-weight-value\"></span> &middot; <span id=\"status\">not drawn (scripts "
        "off?)</span></div>\n<div id=\"errors\"></div>\n"
-    << "<div id=\"wrap\"><svg id=\"graph\" xmlns=\"http://www.w3.org/2000/svg\"></svg><div id=\"details\"></div></div>\n"
+    << "<div id=\"wrap\"><div id=\"canvas\"><svg id=\"graph\" xmlns=\"http://www.w3.org/2000/svg\"></svg></div>"
+       "<div id=\"details\"></div></div>\n"
     << "<div id=\"tip\"></div>\n";
   // "</" inside the JSON text would end the script element early.
   std::string data = graph.dump();

@@ -37,7 +37,9 @@ struct HookPointRef {
 /// (the MLP norm's input), ln1/ln2.hook_normalized (the attention / MLP norm's
 /// input normalised without the norm's weight: read only), attn.hook_q/k/v
 /// ([B, T, heads, d_head] before rotary embedding, k/v with the KV heads),
-/// attn.hook_z ([B, T, heads, d_head]), attn.hook_pattern ([B, heads, q, k]).
+/// attn.hook_z ([B, T, heads, d_head]), attn.hook_pattern ([B, heads, q, k]);
+/// and circuit-tracer's blocks.L.mlp.hook_in / mlp.hook_out (the MLP module's
+/// own input and output, where its transcoders read and write).
 /// NotFoundError naming the hook and the forms understood otherwise;
 /// UnsupportedError naming the hook and why where the model has no such value
 /// (attn.hook_attn_scores; q/k/v of a fused per-head projection).
