@@ -22,6 +22,7 @@ Transformers 5.23's logits on the weights gguf-py dequantizes from the file
   deepseek2 DeepSeek-V2: latent attention (q-LoRA), kv_b_proj split per head into
             attn_k_b (transposed) and attn_v_b as the converter splits it,
             head_count_kv 1, a dense first layer, greedy softmax routing scaled
+and fuzz/corpus/gguf/experts.gguf, a seed for fuzz_gguf with a 3-D Q8_0 tensor.
 """
 
 import os
@@ -399,6 +400,22 @@ def write_deepseek2():
     golden("deepseek2", DeepseekV2ForCausalLM, cfg, back, tied=False)
 
 
+def write_fuzz_seed():
+    """fuzz/corpus/gguf/experts.gguf: qwen2moe metadata and a stacked [experts, rows, cols] Q8_0 tensor."""
+    rng = np.random.default_rng(67)
+    w = gguf.GGUFWriter(os.path.join(ROOT, "fuzz", "corpus", "gguf", "experts.gguf"), "qwen2moe")
+    w.add_block_count(1)
+    w.add_expert_count(2)
+    w.add_expert_used_count(1)
+    w.add_tensor("blk.0.ffn_gate_exps.weight",
+                 gguf.quants.quantize(rng.standard_normal((2, 2, 32)).astype(np.float32), T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("blk.0.ffn_gate_inp.weight", rng.standard_normal((2, 32)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     write_gemma3()
     write_olmo2()
@@ -406,6 +423,7 @@ def main():
     write_gptneox()
     write_qwen_moes()
     write_deepseek2()
+    write_fuzz_seed()
 
 
 if __name__ == "__main__":
