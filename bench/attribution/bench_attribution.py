@@ -2,16 +2,23 @@
 
     PY=$(bash scripts/golden/setup.sh --attribution)        # circuit-tracer's venv (.venv-ct)
     PYTHONPATH=build/python python3 bench/attribution/bench_attribution.py --ct-python $PY
-        [--work DIR] [--tokens 64] [--d-sae 4096] [--max-feature-nodes 256] [--batch-size 64] [--reps 2]
+        [--work DIR] [--shape gpt2-small|small4] [--tokens 64] [--d-sae 4096] [--max-feature-nodes 256]
+        [--batch-size 64] [--reps 2] [--max-memory SIZE] [--limit-gb G] [--timeout S]
 
-The model is GPT-2-small shaped (12 layers, d 768, 12 heads, vocab 50257) with random weights,
+The model is GPT-2-small shaped (12 layers, d 768, 12 heads, vocab 50257), or with --shape small4
+GPT-2 shaped with 4 layers, d 256, 4 heads (the 4096-token case), with random weights,
 written once as a Transformers folder; the transcoders are random per-layer ReLU transcoders
 (SAELens folders, d_sae 4096, encoder bias set so that about 25 features fire per token and
 layer). Each contender runs in a fresh process per repeat (flexmodel.attribute in this
 interpreter, circuit-tracer's attribute() on the same weights in TransformerLens in its venv),
 contenders alternating; each reports the seconds of the graph computation alone, the process's
-resident size before it, and its peak resident size (ru_maxrss). Both graphs of the last repeat are
-compared (same features, largest edge difference). Numbers are medians over repeats, from one run.
+resident size before it, and its peak resident size (ru_maxrss, read by the driver from wait4 so
+that a contender that fails or is killed still has one). --max-memory passes flexmodel's working
+memory bound (flexmodel.attribute(max_memory=): the adjacency streamed through a temporary file);
+--limit-gb caps each contender's address space (prlimit --as) and --timeout its seconds, so that
+a tool that cannot finish is recorded as such with its peak. Both graphs of the last repeat are
+compared (same features, largest edge difference) when both finished in memory. Numbers are medians
+over repeats, from one run; the load average is printed before and after.
 """
 
 import argparse
@@ -42,19 +49,24 @@ def peak_mb():
 # --- setup (this interpreter: transformers 5.23) ---------------------------------------------
 
 
-def make_inputs(work, tokens, d_sae):
+SHAPES = {"gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
+          "small4": dict(n_layer=4, n_embd=256, n_head=4, n_positions=4096)}
+
+
+def make_inputs(work, shape, tokens, d_sae):
     from safetensors.torch import save_file
-    model_dir = os.path.join(work, "gpt2-small-random")
+    sh = SHAPES[shape]
+    n_layer, d = sh["n_layer"], sh["n_embd"]
+    model_dir = os.path.join(work, "gpt2-small-random" if shape == "gpt2-small" else f"{shape}-random")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         from transformers import GPT2Config, GPT2LMHeadModel
         torch.manual_seed(0)
-        cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+        cfg = GPT2Config(vocab_size=50257, **sh)
         GPT2LMHeadModel(cfg).eval().save_pretrained(model_dir)
-    tc_dir = os.path.join(work, f"transcoders-{d_sae}")
-    if not os.path.exists(os.path.join(tc_dir, "layer_11", "cfg.json")):
+    tc_dir = os.path.join(work, f"transcoders-{d_sae}" if shape == "gpt2-small" else f"transcoders-{shape}-{d_sae}")
+    if not os.path.exists(os.path.join(tc_dir, f"layer_{n_layer - 1}", "cfg.json")):
         g = torch.Generator().manual_seed(1)
-        d = 768
-        for layer in range(12):
+        for layer in range(n_layer):
             out = os.path.join(tc_dir, f"layer_{layer}")
             os.makedirs(out, exist_ok=True)
             scale = 1.0
@@ -69,12 +81,12 @@ def make_inputs(work, tokens, d_sae):
                    "device": "cpu", "apply_b_dec_to_input": False, "normalize_activations": "none",
                    "reshape_activations": "none",
                    "metadata": {"sae_lens_version": "6.54.12", "hook_name": f"blocks.{layer}.mlp.hook_in",
-                                "hook_name_out": f"blocks.{layer}.mlp.hook_out", "model_name": "gpt2-small-random"}}
+                                "hook_name_out": f"blocks.{layer}.mlp.hook_out", "model_name": os.path.basename(model_dir)}}
             with open(os.path.join(out, "cfg.json"), "w") as f:
                 json.dump(cfg, f)
     ids = torch.randint(0, 50257, (tokens,), generator=torch.Generator().manual_seed(2))
     ids[0] = 50256  # <|endoftext|> first, as circuit-tracer prepends a special token
-    ids_path = os.path.join(work, f"ids-{tokens}.pt")
+    ids_path = os.path.join(work, f"ids-{shape}-{tokens}.pt")
     torch.save(ids, ids_path)
     return model_dir, tc_dir, ids_path
 
@@ -86,18 +98,22 @@ def run_flexmodel(a):
     import flexmodel
     model = flexmodel.from_pretrained(a.model)
     # Transcoders read before the clock starts, as circuit-tracer's are.
-    tcs = [flexmodel.sae.load_sae(os.path.join(a.transcoders, f"layer_{l}")) for l in range(12)]
+    n_layer = len([n for n in os.listdir(a.transcoders) if n.startswith("layer_")])
+    tcs = [flexmodel.sae.load_sae(os.path.join(a.transcoders, f"layer_{l}")) for l in range(n_layer)]
     ids = torch.load(a.ids)
     with torch.no_grad():
         model(ids.unsqueeze(0))  # weights paged in before the clock starts (circuit-tracer's are in memory)
     before = rss_mb()
     t0 = time.perf_counter()
-    g = flexmodel.attribute(model, tcs, ids, batch_size=a.batch_size, max_feature_nodes=a.max_feature_nodes)
+    g = flexmodel.attribute(model, tcs, ids, batch_size=a.batch_size, max_feature_nodes=a.max_feature_nodes,
+                            max_memory=a.max_memory)
     seconds = time.perf_counter() - t0
     torch.save({"adjacency": g["adjacency"], "active_features": g["active_features"],
                 "selected_features": g["selected_features"]}, a.graph_out)
+    n = int(g["node_mask"].shape[0])
     return {"seconds": seconds, "rss_before_mb": before, "peak_mb": peak_mb(),
-            "active_features": int(g["active_features"].shape[0]), "nodes": int(g["adjacency"].shape[0])}
+            "active_features": int(g["active_features"].shape[0]), "nodes": n,
+            "working_peak_mb": None if g["peak_working_memory"] is None else g["peak_working_memory"] / 1e6}
 
 
 class IdTokenizer:
@@ -163,12 +179,46 @@ def run_circuit_tracer(a):
 # --- driver --------------------------------------------------------------------------------
 
 
+def run_child(cmd, env, timeout, log):
+    """Runs one contender with its output in files; its peak RSS from wait4, also when it fails."""
+    with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        deadline = None if timeout is None else t0 + timeout
+        killed = False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline and time.perf_counter() > deadline and not killed:
+                proc.kill()
+                killed = True
+            time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+    peak = usage.ru_maxrss / 1024
+    lines = open(log + ".out").read().splitlines()
+    result = [l for l in lines if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not result:
+        tail = " | ".join(open(log + ".err").read().strip().splitlines()[-2:])[-400:]
+        why = f"killed at the {timeout:.0f} s timeout" if killed else f"exit status {proc.returncode}"
+        return {"failed": why, "wall_s": wall, "peak_mb": peak, "tail": tail}
+    r = json.loads(result[0][7:])
+    r["peak_mb"] = max(r["peak_mb"], peak)
+    return r
+
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--run", choices=["flexmodel", "circuit-tracer"])
     p.add_argument("--ct-python", default=os.path.join(HERE, "../../scripts/golden/.venv-ct/bin/python"))
     p.add_argument("--work", default="/tmp/flexmodel-bench-attribution")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--max-memory", default=None, help="flexmodel's working memory bound, e.g. 4GB (streamed)")
+    p.add_argument("--limit-gb", type=float, default=None, help="address-space cap of each contender (prlimit --as)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a contender is killed")
     p.add_argument("--d-sae", type=int, default=4096)
     p.add_argument("--max-feature-nodes", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64)
@@ -182,8 +232,8 @@ def main():
         print("RESULT " + json.dumps(result))
         return
     os.makedirs(a.work, exist_ok=True)
-    model, tcs, ids = make_inputs(a.work, a.tokens, a.d_sae)
-    load0 = os.getloadavg()[0]
+    model, tcs, ids = make_inputs(a.work, a.shape, a.tokens, a.d_sae)
+    load0 = os.getloadavg()
     results = {"flexmodel": [], "circuit-tracer": []}
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     for rep in range(a.reps):
@@ -193,28 +243,46 @@ def main():
             cmd = [py, os.path.abspath(__file__), "--run", who, "--model", model, "--transcoders", tcs, "--ids", ids,
                    "--graph-out", os.path.join(a.work, f"graph-{who}.pt"), "--batch-size", str(a.batch_size),
                    "--max-feature-nodes", str(a.max_feature_nodes), "--threads", str(a.threads)]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-            if out.returncode != 0 or not line:
-                sys.exit(f"{who} failed:\n{out.stderr[-3000:]}")
-            r = json.loads(line[0][7:])
+            if who == "flexmodel" and a.max_memory:
+                cmd += ["--max-memory", a.max_memory]
+            if a.limit_gb:
+                cmd = ["prlimit", f"--as={int(a.limit_gb * 2**30)}", "--"] + cmd
+            r = run_child(cmd, env, a.timeout, os.path.join(a.work, f"log-{who}-{rep}"))
             results[who].append(r)
+            if r.get("failed"):
+                print(f"rep {rep} {who:15s} FAILED after {r['wall_s']:.1f} s ({r['failed']}), peak {r['peak_mb']:.0f} MB; "
+                      f"last lines: {r['tail']}", flush=True)
+                continue
             print(f"rep {rep} {who:15s} {r['seconds']:8.2f} s  peak {r['peak_mb']:8.0f} MB  "
                   f"(before the call {r['rss_before_mb']:.0f} MB)  {r['active_features']} active features, "
-                  f"{r['nodes']} nodes", flush=True)
+                  f"{r['nodes']} nodes" + (f", working memory measured {r['working_peak_mb']:.0f} MB of the "
+                                          f"{a.max_memory} bound" if r.get("working_peak_mb") else ""), flush=True)
+    load1 = os.getloadavg()
+    shape = SHAPES[a.shape]
+    print(f"\n{a.shape} ({shape['n_layer']} layers, d {shape['n_embd']}), random weights, {a.tokens} tokens, d_sae "
+          f"{a.d_sae}, max_feature_nodes {a.max_feature_nodes}, batch {a.batch_size}, {a.threads} threads"
+          + (f", flexmodel max_memory {a.max_memory}" if a.max_memory else "")
+          + (f", each contender capped at {a.limit_gb} GB of address space" if a.limit_gb else "")
+          + (f", timeout {a.timeout:.0f} s" if a.timeout else "")
+          + f"; load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load0)} -> {'/'.join(f'{x:.2f}' for x in load1)}")
+    ok = {who: [r for r in results[who] if not r.get("failed")] for who in results}
+    med = lambda who, k: sorted(r[k] for r in ok[who])[len(ok[who]) // 2]
+    for who in results:
+        if ok[who]:
+            print(f"  {who:15s} median {med(who, 'seconds'):8.2f} s   peak RSS {med(who, 'peak_mb'):8.0f} MB   "
+                  f"(RSS before the call {med(who, 'rss_before_mb'):.0f} MB)")
+        else:
+            print(f"  {who:15s} did not finish: " + "; ".join(f"{r['failed']} after {r['wall_s']:.0f} s at peak RSS "
+                                                              f"{r['peak_mb']:.0f} MB" for r in results[who]))
+    if not (ok["flexmodel"] and ok["circuit-tracer"]):
+        return
+    print(f"  circuit-tracer / flexmodel time: {med('circuit-tracer', 'seconds') / med('flexmodel', 'seconds'):.2f}x")
     f = torch.load(os.path.join(a.work, "graph-flexmodel.pt"))
     c = torch.load(os.path.join(a.work, "graph-circuit-tracer.pt"))
     same = torch.equal(f["active_features"], c["active_features"].to(torch.int64))
     same_sel = torch.equal(f["selected_features"], c["selected_features"].to(torch.int64))
-    diff = (f["adjacency"] - c["adjacency"]).abs().max().item() if f["adjacency"].shape == c["adjacency"].shape else float("nan")
-    med = lambda who, k: sorted(r[k] for r in results[who])[len(results[who]) // 2]
-    print(f"\nGPT-2-small shape, random weights, {a.tokens} tokens, d_sae {a.d_sae}, max_feature_nodes "
-          f"{a.max_feature_nodes}, batch {a.batch_size}, {a.threads} threads; load average {load0:.2f} -> "
-          f"{os.getloadavg()[0]:.2f}")
-    for who in results:
-        print(f"  {who:15s} median {med(who, 'seconds'):8.2f} s   peak RSS {med(who, 'peak_mb'):8.0f} MB   "
-              f"(RSS before the call {med(who, 'rss_before_mb'):.0f} MB)")
-    print(f"  circuit-tracer / flexmodel time: {med('circuit-tracer', 'seconds') / med('flexmodel', 'seconds'):.2f}x")
+    both = f["adjacency"] is not None and f["adjacency"].shape == c["adjacency"].shape
+    diff = (f["adjacency"] - c["adjacency"]).abs().max().item() if both else float("nan")
     print(f"  same active features: {same}; same selected features: {same_sel}; largest |edge difference| {diff:.3g} "
           f"(largest edge {c['adjacency'].abs().max().item():.3g})")
 
