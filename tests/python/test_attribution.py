@@ -49,6 +49,28 @@ def test_transcoder_objects_and_the_folder_agree(gpt2, golden):
     assert torch.equal(a["adjacency"], b["adjacency"])
 
 
+def test_max_memory_streams_the_same_graph(gpt2, golden, tmp_path, monkeypatch):
+    """max_memory= (decision 45): the adjacency streamed through a file under $TMPDIR; the same
+    pruned graph, kept edges and graph file as in memory; the file gone after; too small a bound
+    is a ConfigError naming the size needed."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    args = (gpt2, ATTR / "gpt2-transcoders", golden["input_ids"])
+    dense = flexmodel.attribute(*args, batch_size=16)
+    g = flexmodel.attribute(*args, batch_size=16, max_memory="200MB")
+    assert g["adjacency"] is None and g["edge_mask"] is None
+    assert 0 < g["peak_working_memory"] <= 200e6
+    assert torch.equal(g["node_mask"], dense["node_mask"])
+    kept = dense["edge_mask"].nonzero()
+    assert torch.equal(g["edges"], kept) and torch.equal(dense["edges"], kept)
+    assert torch.equal(g["edge_weights"], dense["adjacency"][kept[:, 0], kept[:, 1]])
+    assert g["json"] == dense["json"]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(flexmodel.ConfigError, match="below what a batch of two target rows needs"):
+        flexmodel.attribute(*args, max_memory=10_000)
+    with pytest.raises(flexmodel.ConfigError, match="max_memory"):
+        flexmodel.attribute(*args, max_memory=0)
+
+
 def test_token_strings_from_a_tokenizer(gpt2, golden):
     class Tok:
         def decode(self, ids):

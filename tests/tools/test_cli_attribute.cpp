@@ -74,13 +74,15 @@ void expect_near(const json& ours, const json& theirs, double tol, const std::st
 // kind: "" for the per-layer transcoders (FAMILY-transcoders), "-clt" for the
 // cross-layer transcoder (FAMILY-clt, make_attribution_clt.py).
 static void compare_graph_files(const std::string& family, std::vector<int64_t> prompt, const std::string& n_active,
-                                const std::string& kind = "") {
+                                const std::string& kind = "", const std::vector<std::string>& extra = {}) {
   SCOPED_TRACE(family + kind);
   flex_test::TempDir dir;
   const std::string out = dir.str("graph.json");
   const std::string tc = family + (kind.empty() ? "-transcoders" : kind), golden = family + kind + "-circuit-tracer-graph";
-  const auto r = run({"attribute", flex_test::fixture("models/" + family), "--transcoders", data(tc), "--input-ids",
-                      ids_file(dir, prompt), "--out", out, "--batch-size", "16", "--slug", golden});
+  std::vector<std::string> args = {"attribute", flex_test::fixture("models/" + family), "--transcoders", data(tc),
+                                   "--input-ids", ids_file(dir, prompt), "--out", out, "--batch-size", "16", "--slug", golden};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find(n_active + " active features"), std::string::npos) << r.out;
   const json ours = read_json(out), theirs = read_json(data(golden + ".json"));
@@ -127,7 +129,31 @@ TEST(CliAttribute, LlamaGraphFileIsCircuitTracers) {
 // --transcoders naming a cross-layer transcoder folder (circuit-tracer's layout).
 TEST(CliAttribute, CrossLayerTranscoderGraphFilesAreCircuitTracers) {
   compare_graph_files("gpt2", kPrompt, "154", "-clt");
-  compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "130", "-clt");
+  compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "125", "-clt");  // reads hook_resid_mid (its config.yaml)
+}
+
+// --max-memory SIZE (decision 45): the adjacency streamed through a
+// temporary file, pruned from there, the same graph file; a bound below one
+// batch of rows is an error naming the size needed; DEV=SIZE stays the
+// device map's budget.
+TEST(CliAttribute, StreamedGraphFileIsCircuitTracers) {
+  compare_graph_files("gpt2", kPrompt, "152", "", {"--max-memory", "200MB"});
+  flex_test::TempDir dir;
+  const std::string out = dir.str("graph.json");
+  auto r = run({"attribute", gpt2(), "--transcoders", data("gpt2-transcoders"), "--input-ids", ids_file(dir, kPrompt),
+                "--out", out, "--max-memory", "200MB"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("working memory: peak "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of the 200.00 MB bound"), std::string::npos) << r.out;
+  r = run({"attribute", gpt2(), "--transcoders", data("gpt2-transcoders"), "--input-ids", ids_file(dir, kPrompt),
+           "--out", dir.str("small.json"), "--max-memory", "10kB"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("max_memory 10.00 kB is below what a batch of two target rows needs"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.str("small.json")));
+  r = run({"attribute", gpt2(), "--transcoders", data("gpt2-transcoders"), "--input-ids", ids_file(dir, kPrompt),
+           "--intervene", "0:1:2=0", "--max-memory", "1GB"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--max-memory SIZE"), std::string::npos) << r.err;
 }
 
 TEST(CliAttribute, TypedErrors) {
