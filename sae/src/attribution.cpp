@@ -55,17 +55,20 @@ struct ParametersWithoutGrad {
 // What the recording pass saw, batch row 0.
 struct Recorded {
   std::vector<at::Tensor> x, out;  // per layer [T, d]: MLP input and output
+  std::vector<at::Tensor> enc_in;  // per layer [T, d]: what the encoder reads (x, or the residual before the norm)
   at::Tensor embed;                // [T, d] token embeddings
   at::Tensor logits;               // [V] at the last position
 };
 
-Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, const at::Tensor& ids) {
+Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, const at::Tensor& ids,
+                                 bool reads_residual) {
   at::NoGradGuard no_grad;
   FreezeNonlinearities frozen;  // the same arithmetic as the replicated pass
   Recorded r;
   const size_t n = p.mlps.size();
   r.x.resize(n);
   r.out.resize(n);
+  r.enc_in.resize(n);
   HookHandles hooks;
   hooks.handles.push_back(p.embed->register_forward_hook(
       [&](Module&, const Inputs&, Value& out) { r.embed = find_first_tensor(out)[0]; }));
@@ -74,10 +77,14 @@ Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, co
         [&r, l](Module&, const Inputs& in, Value&) { r.x[l] = in.tensor(0)[0]; }));
     hooks.handles.push_back(p.outs[l]->register_forward_hook(
         [&r, l](Module&, const Inputs&, Value& out) { r.out[l] = find_first_tensor(out)[0]; }));
+    if (reads_residual)
+      hooks.handles.push_back(p.norms[l]->register_forward_hook(
+          [&r, l](Module&, const Inputs& in, Value&) { r.enc_in[l] = in.tensor(0)[0]; }));
   }
   const at::Tensor hidden = find_first_tensor((*p.base)(Inputs{Value(ids)}));
   // The probabilities are the model's (after a final soft cap, Gemma 2's).
   r.logits = model.finish_logits((*p.lm_head)(hidden.select(1, hidden.size(1) - 1)))[0];
+  if (!reads_residual) r.enc_in = r.x;
   return r;
 }
 
@@ -85,12 +92,13 @@ Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, co
 // every backward pass reads.
 struct ReplacementPass {
   at::Tensor embed_leaf;           // [B, T, d]
-  std::vector<at::Tensor> x, y;    // per layer [B, T, d]: MLP input (target place), MLP output (source place)
+  std::vector<at::Tensor> x, y;    // per layer [B, T, d]: encoder input (target place), MLP output (source place)
   at::Tensor final_hidden;         // [B, T, d] after the final norm
 };
 
 ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<LayerCoder>& tw,
                                  const at::Tensor& ids, int64_t batch) {
+  const bool residual = !tw.empty() && tw[0].reads_residual;
   at::AutoGradMode grad(true);
   FreezeNonlinearities frozen(/*batch_replicas=*/true);  // every row is the prompt: one pattern per layer
   ReplacementPass r;
@@ -106,9 +114,14 @@ ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<L
     // The MLP runs on one detached batch row of its input (the rows are the
     // same prompt; no graph through it); its output becomes a constant,
     // broadcast over the batch, plus the skip path where there is one.
-    hooks.handles.push_back(p.mlps[l]->register_forward_pre_hook([&r, l](Module&, Inputs& in) {
-      r.x[l] = in.tensor(0);
-      in.args[0] = Value(r.x[l].detach().narrow(0, 0, 1));
+    // The target place is the MLP input, or (a CLT at hook_resid_mid) the
+    // norm's input; a skip path (per-layer transcoders only) reads the MLP input.
+    if (residual)
+      hooks.handles.push_back(p.norms[l]->register_forward_pre_hook([&r, l](Module&, Inputs& in) { r.x[l] = in.tensor(0); }));
+    hooks.handles.push_back(p.mlps[l]->register_forward_pre_hook([&r, l, residual](Module&, Inputs& in) {
+      const at::Tensor x = in.tensor(0);
+      if (!residual) r.x[l] = x;
+      in.args[0] = Value(x.detach().narrow(0, 0, 1));
     }));
     hooks.handles.push_back(p.outs[l]->register_forward_hook([&r, &tw, l](Module&, const Inputs&, Value& out) {
       const at::Tensor o = find_first_tensor(out);  // [1, T, d]
@@ -272,7 +285,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
   const AttributionPlaces places = detail::attribution_places(model);
   ParametersWithoutGrad constants(model);
 
-  const Recorded rec = record_attribution_pass(model, places, ids);
+  const Recorded rec = record_attribution_pass(model, places, ids, detail::reads_residual(transcoders));
   const at::ScalarType dt = rec.embed.scalar_type();
   // Checked against the model and converted to its dtype.
   const std::vector<LayerCoder> tw = detail::layer_coders(model, places, transcoders, dt);
@@ -286,7 +299,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     at::NoGradGuard no_grad;
     int64_t first = 0;  // this layer's first active feature
     for (int64_t l = 0; l < L; ++l) {
-      const at::Tensor pre = tw[l].pre(rec.x[l]);
+      const at::Tensor pre = tw[l].pre(rec.enc_in[l]);
       at::Tensor act = tw[l].act(pre);
       if (o.zero_first_position) act[0].zero_();
       acts.push_back(act);

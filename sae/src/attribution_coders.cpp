@@ -41,6 +41,14 @@ std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& pla
     if (c.W_dec[l].sizes() != at::IntArrayRef({c.d_transcoder(), L - l, d}))
       throw ConfigError(who + ": W_dec_" + std::to_string(l) + " has shape " + coder_shape_text(c.W_dec[l]) + ", not [" +
                         std::to_string(c.d_transcoder()) + ", " + std::to_string(L - l) + ", " + std::to_string(d) + "]");
+  const std::string& in = c.input_hook;
+  if (in != "mlp.hook_in" && in != "ln2.hook_normalized" && in != "hook_resid_mid")
+    throw ConfigError(who + ": feature_input_hook '" + in +
+                      "' is not supported (mlp.hook_in or ln2.hook_normalized: the MLP input; hook_resid_mid: the "
+                      "residual before the MLP's norm)");
+  if (c.output_hook != "mlp.hook_out" && c.output_hook != "hook_mlp_out")
+    throw ConfigError(who + ": feature_output_hook '" + c.output_hook +
+                      "' is not supported (mlp.hook_out or hook_mlp_out: the MLP output)");
   std::vector<LayerCoder> out(L);
   for (int64_t l = 0; l < L; ++l) {
     LayerCoder& lc = out[l];
@@ -50,6 +58,7 @@ std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& pla
     lc.b_dec = c.b_dec[l].detach().to(dt);
     if (c.jump_relu()) lc.threshold = c.threshold[l].detach().to(dt);
     lc.relu_then_threshold = false;
+    lc.reads_residual = in == "hook_resid_mid";
     const at::Tensor w = c.W_dec[l].detach().to(dt);  // [F, L - l, d]
     for (int64_t k = 0; k < L - l; ++k) lc.W_dec.push_back(w.select(1, k));
   }
@@ -76,6 +85,8 @@ std::vector<LayerCoder> layer_coders(CausalLM& model, const AttributionPlaces& p
   }
   return out;
 }
+
+bool reads_residual(const Transcoders& t) { return t.cross_layer && t.cross_layer->input_hook == "hook_resid_mid"; }
 
 at::Tensor reconstruction(const std::vector<LayerCoder>& coders, const std::vector<at::Tensor>& acts, int64_t l,
                           const at::Tensor& x) {

@@ -24,6 +24,7 @@ struct LayerCoder {
   at::Tensor b_dec;     // [d]: the bias of layer l's MLP output reconstruction
   at::Tensor W_skip;    // [d, d] (x W_skip^T), or undefined
   std::string source;   // named in errors
+  bool reads_residual = false;  // reads the residual before the MLP's norm (a CLT at hook_resid_mid), not the MLP input
 
   at::Tensor pre(const at::Tensor& x) const;
   at::Tensor act(const at::Tensor& pre) const;
@@ -35,6 +36,10 @@ struct LayerCoder {
 /// CLT ConfigError naming its source and the tensor whose layer count or
 /// width does not fit), then gives one LayerCoder per layer in dtype `dt`.
 std::vector<LayerCoder> layer_coders(CausalLM& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt);
+
+/// Whether the encoders read the residual stream before each MLP's norm
+/// (circuit-tracer's hook_resid_mid) rather than the MLP input.
+bool reads_residual(const Transcoders& t);
 
 /// Layer l's MLP output reconstruction from every layer's activations
 /// acts[l0] ([T, F]): sum_{l0 <= l} acts[l0] W_dec[l0][l - l0] + b_dec[l]

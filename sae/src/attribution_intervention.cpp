@@ -150,10 +150,12 @@ class Intervened {
     for (const auto& [layer, ivs] : layers) {
       const std::vector<FeatureIntervention> list = ivs;
       const int64_t l = layer;
-      // The MLP's input (what the transcoder reads); the edit lands on the MLP
-      // output place (after Gemma 2's post-MLP norm).
+      // What the transcoder reads (the MLP's input, or a hook_resid_mid CLT's
+      // residual: the norm's input); the edit lands on the MLP output place
+      // (after Gemma 2's post-MLP norm).
       auto mlp_input = std::make_shared<at::Tensor>();
-      hooks_.handles.push_back(places.mlps[layer]->register_forward_pre_hook([mlp_input](Module&, Inputs& in) {
+      const auto& reader = (*coders)[layer].reads_residual ? places.norms[layer] : places.mlps[layer];
+      hooks_.handles.push_back(reader->register_forward_pre_hook([mlp_input](Module&, Inputs& in) {
         *mlp_input = in.tensor(0);
       }));
       hooks_.handles.push_back(places.outs[layer]->register_forward_hook(

@@ -70,6 +70,7 @@ AttributionPlaces attribution_places(CausalLM& model) {
     p.mlp_names.push_back(mlp);
     p.norm_names.push_back(norm);
     p.mlps.push_back(m);
+    p.norms.push_back(model.get_submodule(norm));
     p.out_names.push_back(post_norm ? block + ".post_feedforward_layernorm" : mlp);
     p.outs.push_back(post_norm ? model.get_submodule(block + ".post_feedforward_layernorm") : m);
   }

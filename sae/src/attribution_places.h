@@ -19,6 +19,7 @@ struct AttributionPlaces {
   std::vector<std::string> mlp_names;   // layer l's MLP module
   std::vector<std::string> norm_names;  // the norm whose output is layer l's MLP input
   std::vector<std::shared_ptr<Module>> mlps;
+  std::vector<std::shared_ptr<Module>> norms;  // whose output is the MLP input (its input: the residual, hook_resid_mid)
   /// The module whose output is layer l's MLP output place: the MLP, or the
   /// norm after it (Gemma 2's post_feedforward_layernorm, as circuit-tracer's
   /// hook_mlp_out sits after it): the transcoder stands in for both.

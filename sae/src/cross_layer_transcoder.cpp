@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace fs = std::filesystem;
@@ -92,6 +93,25 @@ class CltFiles {
   mutable std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;
 };
 
+// feature_input_hook / feature_output_hook from circuit-tracer's config.yaml
+// (one "key: value" line each, the value optionally quoted); others ignored.
+void read_hooks(const fs::path& config, CrossLayerTranscoder& clt) {
+  std::ifstream in(config);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.empty() || line[0] == ' ' || line[0] == '#') continue;
+    const std::string key = line.substr(0, colon);
+    std::string value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value.erase(value.find_last_not_of(" \t\r") + 1);
+    if (value.size() >= 2 && (value[0] == '"' || value[0] == '\'') && value.back() == value[0])
+      value = value.substr(1, value.size() - 2);
+    if (key == "feature_input_hook") clt.input_hook = value;
+    if (key == "feature_output_hook") clt.output_hook = value;
+  }
+}
+
 }  // namespace
 
 bool is_cross_layer_transcoder(const std::string& path) {
@@ -136,6 +156,9 @@ std::shared_ptr<CrossLayerTranscoder> load_cross_layer_transcoder(const std::str
   clt->b_dec = at::stack(b_dec);
   if (jump) clt->threshold = at::stack(threshold);
   clt->source = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.yaml", ec))
+    read_hooks(fs::path(path) / "config.yaml", *clt);
   return clt;
 }
 

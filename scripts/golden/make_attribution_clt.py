@@ -9,12 +9,15 @@ Run with the venv of `bash scripts/golden/setup.sh --attribution`
 The models and prompts are make_attribution.py's (the GPT-2 and Llama test
 fixtures in TransformerLens, no norm folding). The CLT is random, seeded:
 JumpReLU (thresholds in [0, 0.3), a quarter of them 0), features reading
-blocks.L.mlp.hook_in and writing blocks.L'.mlp.hook_out for every L' >= L,
-as circuit-tracer's CrossLayerTranscoder (no skip: its load_clt reads none).
+layer L (GPT-2: blocks.L.mlp.hook_in, the MLP input; Llama: blocks.L.hook_resid_mid,
+the residual before the MLP's norm, circuit-tracer's default for CLTs) and
+writing blocks.L'.mlp.hook_out / hook_mlp_out for every L' >= L, as
+circuit-tracer's CrossLayerTranscoder (no skip: its load_clt reads none).
 It is written by circuit-tracer's own to_safetensors (what flexmodel's
---transcoders reads). Written, for FAMILY in gpt2, llama:
+--transcoders reads), with circuit-tracer's hub config.yaml naming the hooks.
+Written, for FAMILY in gpt2, llama:
 
-  FAMILY-clt/                        W_enc_{0,1}.safetensors, W_dec_{0,1}.safetensors
+  FAMILY-clt/                        W_enc_{0,1}.safetensors, W_dec_{0,1}.safetensors, config.yaml
   FAMILY-clt-circuit-tracer.safetensors
         input_ids, active_features, activation_values, selected_features,
         logit_tokens, logit_probabilities, adjacency [N, N] (attribute(),
@@ -51,14 +54,16 @@ D_CLT = 16
 BATCH = 16
 
 
-def random_clt(d_model, n_layers):
+HOOKS = {"gpt2": ("mlp.hook_in", "mlp.hook_out"), "llama": ("hook_resid_mid", "hook_mlp_out")}
+
+
+def random_clt(d_model, n_layers, in_scale=1.0):
     torch.manual_seed(44)
     clt = CrossLayerTranscoder(n_layers, D_CLT, d_model, activation_function="jump_relu", lazy_decoder=False,
-                               feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
                                device=torch.device("cpu"), dtype=torch.float32)
     with torch.no_grad():
-        # Pre-activations of a few units on the norm's unit-scale output.
-        clt.W_enc.copy_(torch.randn(n_layers, D_CLT, d_model) * 2.0 / d_model**0.5)
+        # Pre-activations of a few units on a unit-scale input (in_scale: 1 / the input's rms).
+        clt.W_enc.copy_(torch.randn(n_layers, D_CLT, d_model) * 2.0 / d_model**0.5 * in_scale)
         clt.b_enc.copy_(torch.randn(n_layers, D_CLT) * 0.3)
         clt.b_dec.copy_(torch.randn(n_layers, d_model) * 0.1)
         for i in range(n_layers):
@@ -72,14 +77,25 @@ def random_clt(d_model, n_layers):
 def make(family):
     cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
     folder = os.path.join(OUT, f"{family}-clt")
-    random_clt(cfg.d_model, cfg.n_layers).to_safetensors(folder)
+    in_hook, out_hook = HOOKS[family]
+    in_scale = 1.0
+    if in_hook == "hook_resid_mid":
+        plain = TransformerLensReplacementModel(cfg)
+        plain.load_state_dict(weights, strict=False)
+        _, cache = plain.run_with_cache(torch.tensor(PROMPTS[family]))
+        mids = torch.stack([cache[f"blocks.{l}.hook_resid_mid"] for l in range(cfg.n_layers)])
+        in_scale = 1.0 / float(mids.pow(2).mean().sqrt())
+    random_clt(cfg.d_model, cfg.n_layers, in_scale).to_safetensors(folder)
+    with open(os.path.join(folder, "config.yaml"), "w") as f:
+        f.write(f"model_kind: cross_layer_transcoder\nfeature_input_hook: \"{in_hook}\"\n"
+                f"feature_output_hook: \"{out_hook}\"\n")
     for f in os.listdir(folder):
         os.chmod(os.path.join(folder, f), 0o644)
 
     def replacement_model():
         # Read back from the files, as a user's CLT would be.
         from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
-        clt = load_clt(folder, feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+        clt = load_clt(folder, feature_input_hook=in_hook, feature_output_hook=out_hook,
                        scan=f"flexmodel-{family}-clt", device=torch.device("cpu"), dtype=torch.float32,
                        lazy_decoder=False)
         model = TransformerLensReplacementModel(cfg)

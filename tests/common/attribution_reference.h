@@ -72,6 +72,7 @@ class AttributionReference {
       c.b_dec = clt.b_dec[l].to(at::kDouble);
       if (clt.jump_relu()) c.threshold = clt.threshold[l].to(at::kDouble);
       c.relu_first = false;
+      c.reads_residual = clt.input_hook == "hook_resid_mid";
       tc_.push_back(c);
     }
     init(model, ids);
@@ -169,7 +170,7 @@ class AttributionReference {
       const Tc& t = tc_[l];
       for (const Edit& e : edits) {
         if (e.layer != l) continue;
-        const at::Tensor xp = x[e.pos];
+        const at::Tensor xp = t.reads_residual ? h[e.pos] : x[e.pos];
         const at::Tensor p = at::dot(t.shift ? xp - t.b_dec : xp, t.W_enc.select(1, e.feature)) + t.b_enc[e.feature];
         const at::Tensor a = activation(t, p, e.feature);
         const at::Tensor target = e.scale ? a * e.value : at::full_like(a, e.value);
@@ -197,6 +198,7 @@ class AttributionReference {
     std::vector<at::Tensor> W_dec;  // W_dec[k]: written into layer l + k's MLP output
     bool shift = false;
     bool relu_first = true;  // SAELens's JumpReLU: relu(p) * (p > t); circuit-tracer's CLT: p * (p > t)
+    bool reads_residual = false;  // encodes the residual before the MLP's norm (hook_resid_mid), not its output
   };
 
   // The activation of pre-activation p (feature f's threshold; all when f < 0).
@@ -293,7 +295,8 @@ class AttributionReference {
       h = h + (gemma2_ ? norm(attn, b + ".post_attention_layernorm", inv_, plain) : attn);
       const at::Tensor x = norm(h, b + mlp_norm(), inv_, plain);
       const Tc& t = tc_[l];
-      const at::Tensor p = at::matmul(t.shift ? x - t.b_dec : x, t.W_enc) + t.b_enc;
+      const at::Tensor in = t.reads_residual ? h : x;
+      const at::Tensor p = at::matmul(t.shift ? in - t.b_dec : in, t.W_enc) + t.b_enc;
       const at::Tensor skip = t.W_skip.defined() ? at::matmul(x, t.W_skip.t()) : at::zeros_like(x);
       at::Tensor out;
       at::Tensor a = plain ? activation(t, p) : s->acts[l];

@@ -9,6 +9,8 @@
 //     tests/data/attribution/FAMILY-clt/ written by its to_safetensors):
 //     the same nodes, edges within 1e-4 relative, the same pruned graph,
 //     the same intervened logits;
+//   - a CLT reading hook_resid_mid (config.yaml's feature_input_hook: the
+//     residual before the MLP's norm) on Llama, against both;
 //   - the one-file form equals the folder; typed errors for a mis-shaped CLT.
 #include <flex/dispatch/safetensors.h>
 #include <flex/hooks/errors.h>
@@ -39,11 +41,32 @@ std::shared_ptr<CausalLM> model(const std::string& name, at::ScalarType dt = at:
 
 // A random CLT for `m`: JumpReLU with thresholds in [-0.1, 0.3) (circuit-tracer's
 // pre * (pre > t): a negative threshold lets a negative activation through), or ReLU.
-std::shared_ptr<CrossLayerTranscoder> random_clt(const CausalLM& m, bool jump, int64_t F = 16, int64_t seed = 44) {
+// The rms of the residual before each MLP's norm (hook_resid_mid) over the prompt.
+double residual_rms(CausalLM& m, const at::Tensor& ids) {
+  const bool gpt2 = m.base_model_prefix() == "transformer";
+  const bool gemma2 = m.class_name() == "Gemma2ForCausalLM";
+  std::vector<at::Tensor> seen;
+  std::vector<HookHandle> hs;
+  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l)
+    hs.push_back(m.get_submodule((gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l) +
+                                 (gpt2 ? ".ln_2" : gemma2 ? ".pre_feedforward_layernorm" : ".post_attention_layernorm"))
+                     ->register_forward_hook([&](Module&, const Inputs& in, Value&) { seen.push_back(in.tensor(0).clone()); }));
+  {
+    at::NoGradGuard ng;
+    m.logits(ids.unsqueeze(0));
+  }
+  for (auto& h : hs) h.remove();
+  return at::cat(seen).pow(2).mean().sqrt().item<double>();
+}
+
+std::shared_ptr<CrossLayerTranscoder> random_clt(CausalLM& m, bool jump, const std::string& input_hook = "mlp.hook_in",
+                                                 int64_t F = 16, int64_t seed = 44) {
   const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers;
+  double in_scale = m.base_model_prefix() == "transformer" ? 0.25 : 2.0;
+  if (input_hook == "hook_resid_mid") in_scale = 2.0 / residual_rms(m, at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong));
   at::manual_seed(seed);
   auto c = std::make_shared<CrossLayerTranscoder>();
-  const double in_scale = m.base_model_prefix() == "transformer" ? 0.25 : 2.0;
+  c->input_hook = input_hook;
   c->W_enc = (at::randn({L, F, d}) * in_scale / std::sqrt(double(d))).to(at::kDouble);
   c->b_enc = (at::randn({L, F}) * 0.3).to(at::kDouble);
   c->b_dec = (at::randn({L, d}) * 0.1).to(at::kDouble);
@@ -55,10 +78,10 @@ std::shared_ptr<CrossLayerTranscoder> random_clt(const CausalLM& m, bool jump, i
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }
 
-void check_against_reference(const std::string& name, bool jump) {
-  SCOPED_TRACE(name);
+void check_against_reference(const std::string& name, bool jump, const std::string& input_hook = "mlp.hook_in") {
+  SCOPED_TRACE(name + " " + input_hook);
   auto m = model(name);
-  auto clt = random_clt(*m, jump);
+  auto clt = random_clt(*m, jump, input_hook);
   AttributionOptions o;
   o.batch_size = 7;
   o.max_n_logits = 4;
@@ -119,10 +142,11 @@ void check_against_reference(const std::string& name, bool jump) {
 
 // The reference with a CLT's decoder into layer 1 zeroed: the edges from
 // layer-0 features into logits then change (they write into both layers).
-void check_interventions_against_reference(const std::string& name, bool frozen) {
-  SCOPED_TRACE(name);
+void check_interventions_against_reference(const std::string& name, bool frozen,
+                                           const std::string& input_hook = "mlp.hook_in") {
+  SCOPED_TRACE(name + " " + input_hook);
   auto m = model(name);
-  auto clt = random_clt(*m, /*jump=*/true);
+  auto clt = random_clt(*m, /*jump=*/true, input_hook);
   flex_test::AttributionReference ref(*m, *clt, prompt(), /*zero_first=*/false);
   const at::Tensor a2 = ref.sources.acts[0][2], a5 = ref.sources.acts[0][5];
   ASSERT_GT(a2.ne(0).sum().item<int64_t>(), 0);
@@ -153,6 +177,8 @@ void compare_with_circuit_tracer(const std::string& family) {
   auto m = load_pretrained(flex_test::fixture("models/" + family));
   const Transcoders tc = load_attribution_transcoders(golden.clt_dir(), 2);
   ASSERT_TRUE(tc.cross_layer && tc.per_layer.empty()) << "the folder is not read as a CLT";
+  // Its config.yaml: GPT-2's reads the MLP input, Llama's the residual before the norm.
+  EXPECT_EQ(tc.cross_layer->input_hook, family == "llama" ? "hook_resid_mid" : "mlp.hook_in");
   AttributionOptions o;
   o.batch_size = 16;
   const AttributionGraph g = attribute(*m, tc, golden.get("input_ids"), o);
@@ -197,6 +223,7 @@ void write_clt(const std::string& dir, const Golden& g,
                const std::function<void(std::map<std::string, at::Tensor>&)>& edit = nullptr) {
   std::map<std::string, at::Tensor> all;
   for (const auto& e : fs::directory_iterator(g.clt_dir())) {
+    if (e.path().extension() != ".safetensors") continue;  // config.yaml
     auto f = SafetensorsFile::open(e.path().string());
     for (const auto& n : f->names()) all[n] = f->get(n).clone();
   }
@@ -210,14 +237,19 @@ void write_clt(const std::string& dir, const Golden& g,
 }  // namespace
 
 TEST(AttributionClt, Gpt2JumpReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gpt2", true); }
-TEST(AttributionClt, LlamaReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("llama", false); }
+// Llama: a CLT reading the residual before each MLP's norm (circuit-tracer's hook_resid_mid).
+TEST(AttributionClt, LlamaReluResidMidEdgesEqualTheFrozenReplacementsDifferences) {
+  check_against_reference("llama", false, "hook_resid_mid");
+}
 // Gemma 2: the CLT writes after each post-MLP norm (circuit-tracer's hook_mlp_out).
 TEST(AttributionClt, Gemma2JumpReluEdgesEqualTheFrozenReplacementsDifferences) { check_against_reference("gemma2", true); }
 TEST(AttributionClt, Gpt2InterventionsMatchTheReference) {
   check_interventions_against_reference("gpt2", true);
   check_interventions_against_reference("gpt2", false);
 }
-TEST(AttributionClt, LlamaFrozenInterventionsMatchTheReference) { check_interventions_against_reference("llama", true); }
+TEST(AttributionClt, LlamaResidMidFrozenInterventionsMatchTheReference) {
+  check_interventions_against_reference("llama", true, "hook_resid_mid");
+}
 
 TEST(AttributionClt, Gpt2SameAsCircuitTracer) { compare_with_circuit_tracer("gpt2"); }
 TEST(AttributionClt, LlamaSameAsCircuitTracer) { compare_with_circuit_tracer("llama"); }
@@ -227,6 +259,7 @@ TEST(AttributionClt, OneFileReadsAsTheFolder) {
   flex_test::TempDir tmp;
   std::vector<std::pair<std::string, at::Tensor>> all;
   for (const auto& e : fs::directory_iterator(g.clt_dir())) {
+    if (e.path().extension() != ".safetensors") continue;  // config.yaml
     auto f = SafetensorsFile::open(e.path().string());
     for (const auto& n : f->names()) all.push_back({n, f->get(n).clone()});
   }
@@ -284,4 +317,11 @@ TEST(AttributionClt, TypedErrorsForAMisShapedClt) {
   // An intervention on a feature the CLT does not have.
   flex_test::expect_error<ConfigError>(
       [&] { intervene(*m, random_clt(*m, true), prompt(), {{1, 1, 16, 1.0, false}}); }, {"feature out of range", "16"});
+  // Hooks the CLT cannot read or write at.
+  auto at_resid_pre = random_clt(*m, true);
+  at_resid_pre->input_hook = "hook_resid_pre";
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, at_resid_pre, prompt()); }, {"feature_input_hook 'hook_resid_pre'"});
+  auto to_resid = random_clt(*m, true);
+  to_resid->output_hook = "hook_resid_post";
+  flex_test::expect_error<ConfigError>([&] { attribute(*m, to_resid, prompt()); }, {"feature_output_hook 'hook_resid_post'"});
 }

@@ -14,7 +14,12 @@
 // output at [f, k]). One .safetensors file holding all those tensors is read
 // the same way. Activations: ReLU, or JumpReLU as circuit-tracer computes it,
 // pre * (pre > threshold). circuit-tracer's load_clt reads no skip weights,
-// so a CLT here has none.
+// so a CLT here has none. Where it reads and writes: a config.yaml in the
+// folder (circuit-tracer's hub config) may give feature_input_hook
+// ("mlp.hook_in", the MLP input, the default; "ln2.hook_normalized", the
+// same place; or "hook_resid_mid", the residual stream before the MLP's
+// norm) and feature_output_hook ("mlp.hook_out" or "hook_mlp_out", the MLP
+// output place).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -31,6 +36,8 @@ struct CrossLayerTranscoder {
   at::Tensor threshold;           // [L, F]; undefined for ReLU
   std::vector<at::Tensor> W_dec;  // W_dec[l]: [F, L - l, d]
   std::string source;             // the folder or file it came from (named in errors)
+  std::string input_hook = "mlp.hook_in";    // circuit-tracer's feature_input_hook
+  std::string output_hook = "mlp.hook_out";  // its feature_output_hook
 
   int64_t n_layers() const { return b_dec.size(0); }
   int64_t d_model() const { return b_dec.size(1); }
