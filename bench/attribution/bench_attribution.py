@@ -46,6 +46,15 @@ def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def vm_peak_mb():
+    """The largest address space (what --limit-gb caps), for comparing with the cap."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 # --- setup (this interpreter: transformers 5.23) ---------------------------------------------
 
 
@@ -111,7 +120,7 @@ def run_flexmodel(a):
     torch.save({"adjacency": g["adjacency"], "active_features": g["active_features"],
                 "selected_features": g["selected_features"]}, a.graph_out)
     n = int(g["node_mask"].shape[0])
-    return {"seconds": seconds, "rss_before_mb": before, "peak_mb": peak_mb(),
+    return {"seconds": seconds, "rss_before_mb": before, "peak_mb": peak_mb(), "vm_peak_mb": vm_peak_mb(),
             "active_features": int(g["active_features"].shape[0]), "nodes": n,
             "working_peak_mb": None if g["peak_working_memory"] is None else g["peak_working_memory"] / 1e6}
 
@@ -172,7 +181,7 @@ def run_circuit_tracer(a):
     seconds = time.perf_counter() - t0
     torch.save({"adjacency": g.adjacency_matrix, "active_features": g.active_features,
                 "selected_features": g.selected_features}, a.graph_out)
-    return {"seconds": seconds, "rss_before_mb": before, "peak_mb": peak_mb(),
+    return {"seconds": seconds, "rss_before_mb": before, "peak_mb": peak_mb(), "vm_peak_mb": vm_peak_mb(),
             "active_features": int(g.active_features.shape[0]), "nodes": int(g.adjacency_matrix.shape[0])}
 
 
@@ -254,7 +263,8 @@ def main():
                       f"last lines: {r['tail']}", flush=True)
                 continue
             print(f"rep {rep} {who:15s} {r['seconds']:8.2f} s  peak {r['peak_mb']:8.0f} MB  "
-                  f"(before the call {r['rss_before_mb']:.0f} MB)  {r['active_features']} active features, "
+                  f"(before the call {r['rss_before_mb']:.0f} MB, address space peak {r['vm_peak_mb']:.0f} MB)  "
+                  f"{r['active_features']} active features, "
                   f"{r['nodes']} nodes" + (f", working memory measured {r['working_peak_mb']:.0f} MB of the "
                                           f"{a.max_memory} bound" if r.get("working_peak_mb") else ""), flush=True)
     load1 = os.getloadavg()
