@@ -1,4 +1,4 @@
-"""Attribution graphs through per-layer transcoders (circuit-tracer's, computed in C++).
+"""Attribution graphs through per-layer or cross-layer transcoders (circuit-tracer's, computed in C++).
 
     graph = flexmodel.attribute(model, "path/to/transcoders", input_ids)
     graph["adjacency"]          # [N, N] direct effects, [target, source] (None with max_memory=)
@@ -22,7 +22,9 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
               tokenizer=None, prompt="", slug="flexmodel-graph", scan=None, max_memory=None):
     """The attribution graph of one prompt (``input_ids`` [T] or [1, T]) through ``transcoders``:
     a folder of SAELens transcoder folders (one per layer, each reading its layer's MLP input and
-    writing the MLP output) or a list of ``flexmodel.sae.SparseDictionary``, one per layer.
+    writing the MLP output), a list of ``flexmodel.sae.SparseDictionary``, one per layer, or a
+    cross-layer transcoder in circuit-tracer's layout (a folder of W_enc_i / W_dec_i.safetensors,
+    with an optional config.yaml naming its hooks, or one .safetensors file; design decision 44).
 
     Returns a dict: n_layers, n_pos, input_ids, active_features, activations, pre_activations,
     selected_features, logit_tokens, logit_probabilities, adjacency; the pruning at
