@@ -10,7 +10,7 @@ largest logit, and how many positions' argmax agree. llama.cpp quantizes
 activations to 8 bits for Q8_0 matrices, so ~1-4 % is its own rounding; a
 misplaced tensor or an undone rewrite gives differences of order 100 %.
 
-Then vocab-spm.gguf: llama.cpp's tokenization of the golden strings against
+Then vocab-spm.gguf and vocab-gemma-spm.gguf: llama.cpp's tokenization of the golden strings against
 Transformers' ids (the tokenizers_gguf_vocab reference), listing the strings
 where the two differ.
 
@@ -42,16 +42,16 @@ def logits_agreement(arch):
           f"argmax agrees at {agree}/{len(ids)} positions")
 
 
-def spm_agreement():
-    e = json.load(open(os.path.join(DATA, "vocab-spm.expected.json"), encoding="utf-8"))
-    llm = Llama(model_path=os.path.join(DATA, "vocab-spm.gguf"), vocab_only=True, verbose=False)
+def spm_agreement(name):
+    e = json.load(open(os.path.join(DATA, f"{name}.expected.json"), encoding="utf-8"))
+    llm = Llama(model_path=os.path.join(DATA, f"{name}.gguf"), vocab_only=True, verbose=False)
     same = 0
     for s, ids in zip(e["strings"], e["ids"]):
         got = llm.tokenize(s.encode("utf-8"), add_bos=True, special=True)
         same += got == ids
         if got != ids:
             print(f"  {s!r}: llama.cpp {got} Transformers {ids}")
-    print(f"vocab-spm  llama.cpp's ids equal Transformers' for {same}/{len(e['strings'])} strings")
+    print(f"{name}  llama.cpp's ids equal Transformers' for {same}/{len(e['strings'])} strings")
 
 
 def main():
@@ -59,7 +59,8 @@ def main():
     print(f"llama-cpp-python {llama_cpp.__version__}")
     for arch in ARCHS:
         logits_agreement(arch)
-    spm_agreement()
+    spm_agreement("vocab-spm")
+    spm_agreement("vocab-gemma-spm")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@
                           scores, Metaspace, byte fallback): ids with special
                           tokens and decoding, for a set of strings
   fuzz/corpus/gguf/vocab-spm.gguf  the same file, a seed for fuzz_gguf
+  vocab-gemma-spm.gguf    those pieces as Gemma 3's converter writes them, and
+    .expected.json        Transformers' (GemmaTokenizer's) tokenization
 """
 
 import collections
@@ -118,10 +120,57 @@ def write_spm():
     return tok
 
 
+def write_gemma_spm():
+    """vocab-gemma-spm.gguf: the same pieces as Gemma 3's converter writes a
+    sentencepiece vocabulary (arch gemma3, <pad> <eos> <bos> <unk> first,
+    add_space_prefix false, whitespace tokens spelled with real spaces), with
+    scores that run against the file order (Transformers ranks Gemma's merges
+    by position), and Transformers' tokenization of it."""
+    from transformers import AutoTokenizer
+    tokens, _, types = spm_vocab()
+    pieces = [t for t, k in zip(tokens, types) if k in (gguf.TokenType.NORMAL, gguf.TokenType.BYTE)]
+    kinds = [k for k in types if k in (gguf.TokenType.NORMAL, gguf.TokenType.BYTE)]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "  ", "   "] + pieces
+    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.UNKNOWN, gguf.TokenType.USER_DEFINED] + \
+        [gguf.TokenType.NORMAL] * 2 + kinds
+    scores = [float(i) for i in range(len(tokens))]  # against the file order
+    path = os.path.join(OUT, "vocab-gemma-spm.gguf")
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_name("flexmodel gguf gemma sentencepiece vocabulary")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-gemma-spm.gguf")
+    strings = STRINGS + ["<bos>twice <eos>", "<pad> and <unk>"]
+    ids = [tok(s)["input_ids"] for s in strings]
+    assert 5 in ids[2], ids[2]  # the two-space token
+    expected = {"strings": strings, "ids": ids,
+                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
+                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+    with open(os.path.join(OUT, "vocab-gemma-spm.expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    return tok
+
+
 def main():
     write_spm()
+    write_gemma_spm()
 
 
 if __name__ == "__main__":
-    tok = write_spm()
-    print(tok.backend_tokenizer.to_str()[:1500])
+    write_spm()
+    print(write_gemma_spm().backend_tokenizer.to_str()[:1200])

@@ -76,6 +76,18 @@ TEST(GgufVocab, SentencepieceMatchesTransformersGgufTokenizer) {
   EXPECT_FALSE(tok->is_special(3));    // BYTE <0x00>
 }
 
+// Gemma's sentencepiece files (general.architecture gemma3), which
+// Transformers builds as GemmaTokenizer: no "▁" prefix, spaces replaced by
+// "▁", whitespace tokens written with real spaces ("  " -> "▁▁"), merges
+// ranked by file position though the scores run the other way.
+TEST(GgufVocab, GemmaSentencepieceMatchesTransformersGgufTokenizer) {
+  check_file("vocab-gemma-spm.gguf", read_json("vocab-gemma-spm.expected.json"));
+  const auto tok = flex::load_tokenizer(flex_test::data_path("gguf/vocab-gemma-spm.gguf"));
+  EXPECT_EQ(tok->bos_id(), 2);
+  EXPECT_EQ(tok->pad_id(), 0);
+  EXPECT_EQ(tok->encode("  x").at(1), 5);  // the two-space token
+}
+
 // A GGUF holding only string metadata, for the error cases.
 std::string write_gguf(const std::string& name, const std::vector<std::pair<std::string, std::string>>& kv) {
   const std::string path = ::testing::TempDir() + name;
@@ -108,9 +120,9 @@ TEST(GgufVocab, UnsupportedModelsAndPreTokenizersNameFileKeyValue) {
   // A sentencepiece vocabulary needs its tokens and scores.
   const auto spm = write_gguf("spm.gguf", {{"tokenizer.ggml.model", "llama"}});
   expect_error<flex::FileFormatError>(spm, {spm, "tokenizer.ggml.tokens"}, /*direct=*/true);
-  // Gemma's sentencepiece vocabularies are built otherwise by Transformers: refused, by architecture.
-  const auto gemma = write_gguf("gemma.gguf", {{"general.architecture", "gemma3"}, {"tokenizer.ggml.model", "llama"}});
-  expect_error<flex::UnsupportedError>(gemma, {gemma, "'llama'", "'gemma3'"}, /*direct=*/true);
+  // Phi-3's sentencepiece variant is not built: refused, by architecture.
+  const auto phi3 = write_gguf("phi3.gguf", {{"general.architecture", "phi3"}, {"tokenizer.ggml.model", "llama"}});
+  expect_error<flex::UnsupportedError>(phi3, {phi3, "'llama'", "'phi3'"}, /*direct=*/true);
   const auto pre = write_gguf("pre.gguf", {{"tokenizer.ggml.model", "gpt2"}, {"tokenizer.ggml.pre", "deepseek-llm"}});
   expect_error<flex::UnsupportedError>(pre, {pre, "tokenizer.ggml.pre", "'deepseek-llm'"}, /*direct=*/true);
   const auto none = write_gguf("none.gguf", {{"general.name", "x"}});

@@ -180,29 +180,39 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
                                "' is not supported (read from GGUF: 'gpt2', byte-level BPE with merges, and 'llama', "
                                "sentencepiece pieces with scores; put the model's tokenizer.json beside it instead)"));
   const bool spm = model == "llama";
-  if (spm) {
-    // Transformers builds Gemma's and Phi-3's sentencepiece vocabularies its own
-    // way (merges in file order, respelled spaces; a prefix per piece): refused
-    // rather than tokenized differently.
-    auto a = md.find("general.architecture");
-    const std::string arch = a != md.end() && a->second.type == STRING ? a->second.s : "";
-    if (arch.rfind("gemma", 0) == 0 || arch == "phi3")
-      throw UnsupportedError(cat(path, ": tokenizer.ggml.model 'llama' of general.architecture '", arch,
-                                 "' is not supported (only the plain sentencepiece builder is implemented; put the "
-                                 "model's tokenizer.json beside it instead)"));
-  }
+  auto arch_it = md.find("general.architecture");
+  const std::string arch = arch_it != md.end() && arch_it->second.type == STRING ? arch_it->second.s : "";
+  // Transformers builds Gemma's sentencepiece vocabularies its own way
+  // (GemmaTokenizer: spaces respelled, merges in file order, no prefix).
+  const bool gemma = spm && (arch == "gemma" || arch == "gemma2" || arch == "gemma3");
+  // Phi-3's (a prefix per piece between added tokens) is refused rather than
+  // tokenized differently.
+  if (spm && arch == "phi3")
+    throw UnsupportedError(cat(path, ": tokenizer.ggml.model 'llama' of general.architecture '", arch,
+                               "' is not supported (Phi-3's sentencepiece variant is not implemented; put the "
+                               "model's tokenizer.json beside it instead)"));
 
   BpeSpec spec;
   spec.source = path;
   // add_space_prefix (sentencepiece only, default true): llama.cpp honours it;
   // Transformers always prepends, which is the same for files that say true.
   const bool space_prefix = opt_int("tokenizer.ggml.add_space_prefix").value_or(1) != 0;
-  if (spm) {
+  using K = BpeSpec::DecodeStep::Kind;
+  if (gemma) {
+    // Transformers' GemmaTokenizer: spaces -> "▁" by the normalizer, no prefix,
+    // byte fallback; its Split(" ") pre-tokenizer finds no space after that.
+    spec.normalizer = {{BpeSpec::NormalizeStep::Kind::Replace, " ", "\xE2\x96\x81"}};
+    spec.decoder = std::vector<BpeSpec::DecodeStep>{
+        {K::Replace, "\xE2\x96\x81", " ", 0, 0, BpeSpec::PrependScheme::Always},
+        {K::ByteFallback, "", "", 0, 0, BpeSpec::PrependScheme::Always},
+        {K::Fuse, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
+    spec.byte_fallback = true;
+    spec.fuse_unk = true;
+  } else if (spm) {
     // Transformers' LlamaTokenizer over the file (decision 47): Metaspace with
     // the prefix on the first piece only, byte fallback, merges from the scores.
     spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::metaspace(
         "\xE2\x96\x81", space_prefix ? BpeSpec::PrependScheme::First : BpeSpec::PrependScheme::Never, false)};
-    using K = BpeSpec::DecodeStep::Kind;
     std::vector<BpeSpec::DecodeStep> steps = {{K::Replace, "\xE2\x96\x81", " ", 0, 0, BpeSpec::PrependScheme::Always},
                                               {K::ByteFallback, "", "", 0, 0, BpeSpec::PrependScheme::Always},
                                               {K::Fuse, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
@@ -249,23 +259,42 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
   ids.eos = id_of("tokenizer.ggml.eos_token_id");
   ids.unk = id_of("tokenizer.ggml.unknown_token_id");
   ids.pad = id_of("tokenizer.ggml.padding_token_id");
+  // The pieces as the BPE sees them: Gemma's whitespace tokens holding a space
+  // are spelled with "▁" (its normalizer's spelling), one per character.
+  std::vector<std::string> pieces = tokens.strs;
+  if (gemma)
+    for (std::string& t : pieces)
+      if (t.find(' ') != std::string::npos && t.find_first_not_of(" \t\n\r\v\f") == std::string::npos) {
+        const size_t n = t.size();
+        t.clear();
+        for (size_t k = 0; k < n; ++k) t += "\xE2\x96\x81";
+      }
+  // Transformers' vocabulary is a dict: a repeated piece keeps its last id.
+  std::map<std::string, size_t> last_id;
+  if (spm)
+    for (size_t id = 0; id < pieces.size(); ++id) last_id[pieces[id]] = id;
   for (size_t id = 0; id < tokens.strs.size(); ++id) {
     const std::string& t = tokens.strs[id];
     const int64_t i = static_cast<int64_t>(id);
+    const bool in_vocab = spm && last_id[pieces[id]] == id;
     // Sentencepiece: bos/eos/unk/pad are special too (Transformers adds them as such).
     const bool named = spm && (ids.bos == i || ids.eos == i || ids.unk == i || ids.pad == i);
-    if (types[id] == kControl || types[id] == kUserDefined || named) {
+    // Transformers adds a user-defined piece only when its spelling is in the vocabulary.
+    const bool user = types[id] == kUserDefined && (!gemma || last_id.count(t));
+    if (types[id] == kControl || user || named) {
       AddedToken a;
       a.content = t;
       a.id = i;
-      a.special = types[id] != kUserDefined;
+      // GemmaTokenizer also names "<mask>" as its mask token, so it is special there.
+      a.special = types[id] != kUserDefined || named || (gemma && t == "<mask>");
       a.normalized = !spm && !a.special;
       spec.added_tokens.push_back(a);
-      if (spm) spec.vocab.emplace_back(t, i);  // a sentencepiece BPE keeps every piece in its vocabulary
-    } else if (spm || types[id] != kUnused) {
-      spec.vocab.emplace_back(t, i);
+      if (in_vocab) spec.vocab.emplace_back(pieces[id], i);  // a sentencepiece BPE keeps every piece
+    } else if (in_vocab || (!spm && types[id] != kUnused)) {
+      spec.vocab.emplace_back(spm ? pieces[id] : t, i);
     }
   }
+  if (gemma && last_id.count("<unk>")) spec.unk_token = "<unk>";  // GemmaTokenizer's BPE names it
 
   if (spm) {
     const Value& scores = need("tokenizer.ggml.scores", ARRAY);
@@ -275,7 +304,10 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
     for (size_t j = 0; j < scores.reals.size(); ++j)
       if (scores.reals[j] != scores.reals[j])
         throw FileFormatError(cat(path, ": tokenizer.ggml.scores[", j, "] is NaN"));
-    spec.merges = spm_merges(tokens.strs, scores.reals);
+    // Gemma's scores do not follow its merge order; Transformers ranks by file position.
+    std::vector<double> rank(scores.reals.size());
+    for (size_t j = 0; j < rank.size(); ++j) rank[j] = -static_cast<double>(j);
+    spec.merges = spm_merges(pieces, gemma ? rank : scores.reals);
   } else {
     const Value& merges = need("tokenizer.ggml.merges", ARRAY);
     if (merges.elem != STRING) throw FileFormatError(cat(path, ": tokenizer.ggml.merges: expected an array of strings"));
