@@ -4,8 +4,9 @@
 // float copy. Decode shapes (at most kGgmlGemvRows input rows): each weight
 // block is decoded in registers and multiplied into every input row while it
 // is there (AVX-512, AVX2, or the scalar reference, chosen by cpu_isa()).
-// Prefill shapes: tiles of rows dequantized into a per-thread buffer and
-// multiplied by libtorch's GEMM. Every output column is computed whole by one
+// Prefill shapes with float activations: tiles of rows dequantized into a
+// per-thread buffer and multiplied by libtorch's GEMM; with Q8 activations
+// the integer kernel takes any number of rows. Every output column is computed whole by one
 // thread (the reduction is never split), so any thread count gives the same
 // bits.
 //
@@ -22,7 +23,7 @@
 
 namespace flex {
 
-/// Input rows taken by the block-decoding GEMV; more rows go the tiled way.
+/// Input rows taken by the block-decoding GEMV; more float rows go the tiled way.
 constexpr int64_t kGgmlGemvRows = 8;
 
 enum class GgmlActivations { Float, Q8 };
