@@ -45,7 +45,13 @@ Value GPT2Attention::forward(Inputs inputs) {
     // is a constant, so only v carries a gradient. Through its own third of
     // the weight (x - x is exactly zero: the values stay c_attn's), the
     // backward does not multiply q's and k's zero gradients by all of it.
-    const at::Tensor v_path = at::matmul(x - x.detach(), c_attn->weight.narrow(1, 2 * c, c));
+    // Under tensor parallelism c_attn's model hook (copy_to_tp_region) sums
+    // its input's gradient over the ranks' heads: the v path takes its input
+    // through that hook too (attribution on a tensor-parallel GPT-2).
+    at::Tensor xv = x;
+    if (const auto& mh = c_attn->model_hook(); mh && mh->name() == "CopyToTpHook")
+      xv = mh->pre_forward(*c_attn, Inputs{Value(x)}).tensor(0);
+    const at::Tensor v_path = at::matmul(xv - xv.detach(), c_attn->weight.narrow(1, 2 * c, c));
     qkv = {qkv[0].detach(), qkv[1].detach(), qkv[2].detach() + v_path};
   }
   auto heads = [&](const at::Tensor& y) { return y.view({b, t, h, d}).permute({0, 2, 1, 3}); };

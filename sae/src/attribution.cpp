@@ -7,6 +7,7 @@
 #include "attribution_influence.h"
 #include "attribution_memory.h"
 #include "attribution_places.h"
+#include "attribution_ranks.h"
 #include "attribution_stream.h"
 
 #include <flex/hooks/errors.h>
@@ -60,7 +61,7 @@ struct Recorded {
   at::Tensor logits;               // [V] at the last position
 };
 
-Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, const at::Tensor& ids,
+Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& ids,
                                  bool reads_residual) {
   at::NoGradGuard no_grad;
   FreezeNonlinearities frozen;  // the same arithmetic as the replicated pass
@@ -83,7 +84,7 @@ Recorded record_attribution_pass(CausalLM& model, const AttributionPlaces& p, co
   }
   const at::Tensor hidden = find_first_tensor((*p.base)(Inputs{Value(ids)}));
   // The probabilities are the model's (after a final soft cap, Gemma 2's).
-  r.logits = model.finish_logits((*p.lm_head)(hidden.select(1, hidden.size(1) - 1)))[0];
+  r.logits = p.logits(hidden.select(1, hidden.size(1) - 1))[0];
   if (!reads_residual) r.enc_in = r.x;
   return r;
 }
@@ -198,6 +199,10 @@ class RowComputer {
     }
   }
 
+  /// Off: rows() runs the backward pass only (a tensor-parallel rank that
+  /// keeps no rows) and returns an undefined tensor.
+  void set_contract(bool on) { contract_ = on; }
+
   at::Tensor rows(const std::vector<Target>& targets) {
     const int64_t n = static_cast<int64_t>(targets.size());
     const int64_t L = static_cast<int64_t>(errors_.size()), T = embed_.size(0);
@@ -218,6 +223,7 @@ class RowComputer {
     inputs.push_back(pass_.embed_leaf);
     const auto grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
                                              /*allow_unused=*/true);
+    if (!contract_) return at::Tensor();
     at::Tensor out = at::zeros({n, n_features_ + L * T + T}, opts);
     for (const GroupDecoders& ld : groups_) {
       const at::Tensor& g = grads[ld.out_layer];
@@ -242,6 +248,7 @@ class RowComputer {
   std::vector<at::Tensor> errors_;
   at::Tensor embed_;
   int64_t n_features_;
+  bool contract_ = true;
   struct GroupDecoders {
     int64_t out_layer = 0;
     at::Tensor decoders;  // [T, d, slots]
@@ -255,6 +262,15 @@ class RowComputer {
 
 AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids,
                            const AttributionOptions& o) {
+  return detail::attribute_on(model, model.config().max_position_embeddings, detail::attribution_places(model),
+                              transcoders, input_ids, o, nullptr);
+}
+
+namespace detail {
+
+AttributionGraph attribute_on(Module& model, int64_t context, const AttributionPlaces& places,
+                              const Transcoders& transcoders, const at::Tensor& input_ids, const AttributionOptions& o,
+                              const AttributionRanks* ranks) {
   if (o.max_n_logits < 1) throw ConfigError("attribution: max_n_logits must be at least 1, not " + std::to_string(o.max_n_logits));
   if (!(o.desired_logit_prob > 0.0 && o.desired_logit_prob <= 1.0))
     throw ConfigError("attribution: desired_logit_prob must be in (0, 1], not " + std::to_string(o.desired_logit_prob));
@@ -272,7 +288,6 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     throw ShapeError("attribution: input_ids must be one non-empty prompt ([T] or [1, T]), not " +
                      std::string(ids.sizes().vec().empty() ? "a scalar" : "of shape " + c10::str(ids.sizes())));
   const int64_t T = ids.size(0);
-  const int64_t context = model.config().max_position_embeddings;
   if (context > 0 && T > context)
     throw ShapeError("attribution: the prompt's " + std::to_string(T) + " tokens are longer than the model's context of " +
                      std::to_string(context));
@@ -282,10 +297,11 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
   std::optional<detail::CpuAllocationMeter> meter;
   if (streamed) meter.emplace();
 
-  const AttributionPlaces places = detail::attribution_places(model);
+  // Under tensor parallelism rank 0 alone contracts and keeps rows.
+  const bool keeps = ranks == nullptr || ranks->keeps_rows();
   ParametersWithoutGrad constants(model);
 
-  const Recorded rec = record_attribution_pass(model, places, ids, detail::reads_residual(transcoders));
+  const Recorded rec = record_attribution_pass(places, ids, detail::reads_residual(transcoders));
   const at::ScalarType dt = rec.embed.scalar_type();
   // Checked against the model and converted to its dtype.
   const std::vector<LayerCoder> tw = detail::layer_coders(model, places, transcoders, dt);
@@ -314,7 +330,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
       encoders.push_back(tw[l].W_enc.index_select(1, feat).t());
       const at::Tensor columns = at::arange(first, first + a.size(0), at::kLong);
       for (size_t k = 0; k < tw[l].W_dec.size(); ++k)
-        writes.push_back({l + static_cast<int64_t>(k), columns, tw[l].W_dec[k].index_select(0, feat) * a.unsqueeze(1)});
+        writes.push_back({l + static_cast<int64_t>(k), columns, tw[l].W_dec[k].index_select(0, feat).to(a.scalar_type()) * a.unsqueeze(1)});
       first += a.size(0);
     }
     for (int64_t l = 0; l < L; ++l) {
@@ -348,15 +364,15 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
   g.logit_tokens = top_idx.narrow(0, 0, cutoff).clone();
   g.logit_probabilities = top_p.narrow(0, 0, cutoff).clone();
   const int64_t K = cutoff;
-  at::Tensor W_U = places.lm_head->weight.detach();
-  if (!at::isFloatingType(W_U.scalar_type())) W_U = places.lm_head->float_weight();
-  W_U = W_U.to(dt);
+  const at::Tensor W_U = places.unembedding().to(dt);
   const at::Tensor logit_vecs = W_U.index_select(0, g.logit_tokens) - W_U.mean(0, /*keepdim=*/true);
 
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
   auto make_rows = [&](int64_t batch) {
-    return std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F);
+    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F);
+    computer->set_contract(keeps);
+    return computer;
   };
   const at::ScalarType adj_dt = prob_dt;
   const int64_t cols = F + L * T + T;
@@ -371,7 +387,8 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
       meter->reset_peak();
       {
         auto probe_rows = make_rows(batch);
-        (void)probe_rows->rows(std::vector<Target>(batch, Target{L, T - 1, logit_vecs[0]})).to(adj_dt);
+        const at::Tensor r = probe_rows->rows(std::vector<Target>(batch, Target{L, T - 1, logit_vecs[0]}));
+        if (r.defined()) (void)r.to(adj_dt);
       }
       return meter->peak() - before;
     };
@@ -385,6 +402,10 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     step = plan.batch;
     pass_batch = std::min(B, plan.batch);
     block_rows = plan.block_rows;
+    if (ranks) {  // every rank runs rank 0's passes (the collectives inside must pair)
+      const std::vector<int64_t> shared = ranks->broadcast({step, pass_batch, block_rows});
+      step = shared[0], pass_batch = shared[1], block_rows = shared[2];
+    }
   }
   std::unique_ptr<detail::RowComputer> row_computer = make_rows(pass_batch);
   detail::RowComputer& rows = *row_computer;
@@ -393,12 +414,13 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
   // In memory, or (streamed) appended to a file in visit order.
   at::Tensor edge;
   std::unique_ptr<detail::RowFile> edge_file;
-  if (streamed) {
+  if (keeps && streamed) {
     edge_file = std::make_unique<detail::RowFile>(detail::attribution_temp_parent(o.temp_dir), "edges.bin", cols, adj_dt);
-  } else {
+  } else if (keeps) {
     edge = at::zeros({n_visit + K, cols}, at::TensorOptions().dtype(adj_dt));
   }
   auto store = [&](int64_t first, const at::Tensor& r) {
+    if (!keeps) return;
     if (streamed) edge_file->append(r);
     else edge.narrow(0, first, r.size(0)).copy_(r);
   };
@@ -418,7 +440,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     std::vector<int64_t> pending;
     if (n_visit == F) {
       for (int64_t i = 0; i < F; ++i) pending.push_back(i);
-    } else {
+    } else if (keeps) {
       const std::vector<int64_t> done_rows(row_node.begin(), row_node.begin() + filled);
       const at::Tensor influence =
           streamed ? detail::partial_influences(*edge_file, block_rows, g.logit_probabilities, done_rows, K)
@@ -429,6 +451,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
       for (int64_t i = 0; i < F && static_cast<int64_t>(pending.size()) < want; ++i)
         if (!visited[op[i]]) pending.push_back(op[i]);
     }
+    if (ranks && n_visit != F) pending = ranks->broadcast(pending);
     for (size_t s = 0; s < pending.size(); s += static_cast<size_t>(step)) {
       std::vector<Target> batch;
       const size_t e = std::min(pending.size(), s + static_cast<size_t>(step));
@@ -448,6 +471,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
     if (visited[i]) selected.push_back(i);
   g.selected_features = at::tensor(selected, at::kLong).view({-1});
   const int64_t S = g.selected_features.size(0);
+  if (!keeps) return g;  // the nodes only: rank 0 holds the rows
   if (streamed) {
     // The rows in node order to a second file; the visit-order file goes
     // with edge_file. Nothing [N, N] is held.
@@ -472,5 +496,7 @@ AttributionGraph attribute(CausalLM& model, const Transcoders& transcoders, cons
   g.adjacency.narrow(0, N - K, K).narrow(1, 0, S + L * T + T).copy_(edge_cols.narrow(0, 0, K));
   return g;
 }
+
+}  // namespace detail
 
 }  // namespace flex

@@ -21,9 +21,9 @@ namespace {
 
 std::string coder_shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
 
-std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& places, const CrossLayerTranscoder& c,
+std::vector<LayerCoder> clt_coders(Module&, const AttributionPlaces& places, const CrossLayerTranscoder& c,
                                    at::ScalarType dt) {
-  const int64_t L = static_cast<int64_t>(places.mlps.size()), d = model.config().hidden_size;
+  const int64_t L = static_cast<int64_t>(places.mlps.size()), d = places.hidden_size;
   const std::string who = "attribution: the cross-layer transcoder '" + c.source + "'";
   if (c.n_layers() != L)
     throw ConfigError(who + " spans " + std::to_string(c.n_layers()) + " layers (b_dec " + coder_shape_text(c.b_dec) +
@@ -59,7 +59,10 @@ std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& pla
     if (c.jump_relu()) lc.threshold = c.threshold[l].detach().to(dt);
     lc.relu_then_threshold = false;
     lc.reads_residual = in == "hook_resid_mid";
-    const at::Tensor w = c.W_dec[l].detach().to(dt);  // [F, L - l, d]
+    // [F, L - l, d] as stored (a mapped file): only active features' rows are
+    // read and converted (a real CLT's decoders are tens of GB in float32).
+    const at::Tensor w = c.W_dec[l].detach();
+    lc.sparse_decode = true;
     for (int64_t k = 0; k < L - l; ++k) lc.W_dec.push_back(w.select(1, k));
   }
   return out;
@@ -67,7 +70,7 @@ std::vector<LayerCoder> clt_coders(CausalLM& model, const AttributionPlaces& pla
 
 }  // namespace
 
-std::vector<LayerCoder> layer_coders(CausalLM& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt) {
+std::vector<LayerCoder> layer_coders(Module& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt) {
   if (t.cross_layer) return clt_coders(model, places, *t.cross_layer, dt);
   check_transcoders(model, places, t.per_layer);
   std::vector<LayerCoder> out;
@@ -94,7 +97,16 @@ at::Tensor reconstruction(const std::vector<LayerCoder>& coders, const std::vect
   for (int64_t l0 = 0; l0 <= l; ++l0) {
     const int64_t k = l - l0;
     if (k >= static_cast<int64_t>(coders[l0].W_dec.size())) continue;
-    const at::Tensor part = at::matmul(acts[l0], coders[l0].W_dec[k]);
+    at::Tensor part;
+    if (coders[l0].sparse_decode) {
+      const at::Tensor nz = acts[l0].nonzero();  // [n, 2] (pos, feature)
+      const at::Tensor pos = nz.select(1, 0), feat = nz.select(1, 1);
+      const at::Tensor rows = coders[l0].W_dec[k].index_select(0, feat).to(acts[l0].scalar_type()) *
+                              acts[l0].index({pos, feat}).unsqueeze(1);
+      part = at::zeros({acts[l0].size(0), rows.size(1)}, acts[l0].options()).index_add_(0, pos, rows);
+    } else {
+      part = at::matmul(acts[l0], coders[l0].W_dec[k]);
+    }
     r = r.defined() ? r + part : part;
   }
   r = r + coders[l].b_dec;

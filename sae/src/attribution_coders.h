@@ -20,7 +20,8 @@ struct LayerCoder {
   at::Tensor in_shift;  // [d] subtracted from the input (apply_b_dec_to_input), or undefined
   at::Tensor threshold; // [F] JumpReLU's, or undefined
   bool relu_then_threshold = true;  // SAELens: relu(pre) * (pre > t); circuit-tracer's CLT: pre * (pre > t)
-  std::vector<at::Tensor> W_dec;    // W_dec[k]: [F, d], written into layer l + k's MLP output
+  std::vector<at::Tensor> W_dec;    // W_dec[k]: [F, d], written into layer l + k's MLP output (a CLT's: as stored)
+  bool sparse_decode = false;       // a CLT: decoders are read at the active features' rows only, converted then
   at::Tensor b_dec;     // [d]: the bias of layer l's MLP output reconstruction
   at::Tensor W_skip;    // [d, d] (x W_skip^T), or undefined
   std::string source;   // named in errors
@@ -35,7 +36,7 @@ struct LayerCoder {
 /// Checks `t` against the model (check_transcoders for per-layer ones; for a
 /// CLT ConfigError naming its source and the tensor whose layer count or
 /// width does not fit), then gives one LayerCoder per layer in dtype `dt`.
-std::vector<LayerCoder> layer_coders(CausalLM& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt);
+std::vector<LayerCoder> layer_coders(Module& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt);
 
 /// Whether the encoders read the residual stream before each MLP's norm
 /// (circuit-tracer's hook_resid_mid) rather than the MLP input.

@@ -34,8 +34,24 @@ std::string transcoder_name(const SparseDictionary& t, size_t l) {
 
 AttributionPlaces attribution_places(CausalLM& model) {
   AttributionPlaces p;
-  const std::string base = model.base_model_prefix();
-  const std::string who = "attribution: " + model.class_name();
+  attribution_block_places(model, model.class_name(), model.base_model_prefix(), model.config().num_hidden_layers, p);
+  p.base = model.base_model();
+  // Scaled embeddings (Gemma): the embedding module's output is the scaled
+  // one, so a token node's value and gradient are both taken after the scale.
+  p.embed = model.input_embeddings();
+  std::shared_ptr<Linear> head = model.output_embeddings();
+  p.logits = [&model, head](const at::Tensor& hidden) { return model.finish_logits((*head)(hidden)); };
+  p.unembedding = [head] {
+    at::Tensor w = head->weight.detach();
+    return at::isFloatingType(w.scalar_type()) ? w : head->float_weight();
+  };
+  p.hidden_size = model.config().hidden_size;
+  return p;
+}
+
+void attribution_block_places(Module& model, const std::string& class_name, const std::string& base, int64_t n,
+                              AttributionPlaces& p) {
+  const std::string who = "attribution: " + class_name;
   std::string blocks;
   if (base == "transformer" && attribution_has_module(model, "transformer.h")) {
     blocks = "transformer.h";
@@ -46,14 +62,8 @@ AttributionPlaces attribution_places(CausalLM& model) {
   }
   // Gemma 3 would take Gemma 2's path (its q/k norms feed only the detached
   // pattern), but no reference checks it yet: refused until one does.
-  if (model.class_name().find("Gemma3") != std::string::npos)
+  if (class_name.find("Gemma3") != std::string::npos)
     throw UnsupportedError(who + ": Gemma 3 is not checked against a reference yet: not supported yet");
-  p.base = model.base_model();
-  p.embed = model.input_embeddings();
-  p.lm_head = model.output_embeddings();
-  // Scaled embeddings (Gemma): the embedding module's output is the scaled
-  // one, so a token node's value and gradient are both taken after the scale.
-  const int64_t n = model.config().num_hidden_layers;
   for (int64_t l = 0; l < n; ++l) {
     const std::string block = blocks + "." + std::to_string(l);
     const std::string mlp = block + ".mlp";
@@ -74,16 +84,15 @@ AttributionPlaces attribution_places(CausalLM& model) {
     p.out_names.push_back(post_norm ? block + ".post_feedforward_layernorm" : mlp);
     p.outs.push_back(post_norm ? model.get_submodule(block + ".post_feedforward_layernorm") : m);
   }
-  return p;
 }
 
-void check_transcoders(CausalLM& model, const AttributionPlaces& places,
+void check_transcoders(Module& model, const AttributionPlaces& places,
                        const std::vector<std::shared_ptr<SparseDictionary>>& transcoders) {
   const size_t n = places.mlps.size();
   if (transcoders.size() != n)
     throw ConfigError("attribution: " + std::to_string(transcoders.size()) + " transcoders for a model of " +
                       std::to_string(n) + " layers (one per layer needed)");
-  const int64_t d = model.config().hidden_size;
+  const int64_t d = places.hidden_size;
   for (size_t l = 0; l < n; ++l) {
     if (!transcoders[l]) throw ConfigError("attribution: no transcoder for layer " + std::to_string(l));
     const SparseDictionary& t = *transcoders[l];

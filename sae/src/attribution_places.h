@@ -6,6 +6,7 @@
 #include <flex/models/causal_lm.h>
 #include <flex/sae/sparse_dictionary.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,8 +15,14 @@ namespace flex::detail {
 
 struct AttributionPlaces {
   std::shared_ptr<Module> base;
-  std::shared_ptr<Embedding> embed;
-  std::shared_ptr<Linear> lm_head;
+  std::shared_ptr<Module> embed;  // its output: the token embeddings (whole, also under tensor parallelism)
+  /// The final hidden state at one position [B, d] -> the model's logits
+  /// [B, V] (after a final soft cap, Gemma 2's).
+  std::function<at::Tensor(const at::Tensor&)> logits;
+  /// The whole unembedding [V, d] (a tensor-parallel head's gathered; a
+  /// quantized head's float weight).
+  std::function<at::Tensor()> unembedding;
+  int64_t hidden_size = 0;
   std::vector<std::string> mlp_names;   // layer l's MLP module
   std::vector<std::string> norm_names;  // the norm whose output is layer l's MLP input
   std::vector<std::shared_ptr<Module>> mlps;
@@ -30,11 +37,17 @@ struct AttributionPlaces {
 /// The places of a GPT-2, pre-norm decoder or Gemma 2 model; UnsupportedError naming
 /// the model class and what is missing otherwise.
 AttributionPlaces attribution_places(CausalLM& model);
+/// The blocks' places of a model whose root names its children as a
+/// CausalLM does (`base` "transformer" or "model"): what attribution_places
+/// fills besides the embedding and the head (shared with the tensor-parallel
+/// model's places).
+void attribution_block_places(Module& model, const std::string& class_name, const std::string& base, int64_t n_layers,
+                              AttributionPlaces& p);
 
 /// Checks that transcoders[l] reads layer l's MLP input and writes its
 /// output, with the model's width: ShapeError / ConfigError naming the
 /// transcoder's file (or its index), its hooks and shapes.
-void check_transcoders(CausalLM& model, const AttributionPlaces& places,
+void check_transcoders(Module& model, const AttributionPlaces& places,
                        const std::vector<std::shared_ptr<SparseDictionary>>& transcoders);
 
 }  // namespace flex::detail
