@@ -277,6 +277,32 @@ TEST(AttributionClt, OneFileReadsAsTheFolder) {
   EXPECT_EQ(a->W_dec[0].sizes(), at::IntArrayRef({16, 2, 64}));
 }
 
+// A CLT's decoders stay as stored (a mapped file) and only the active
+// features' rows are converted: a float32 CLT on the float64 model gives the
+// graph and interventions of the same values held in float64.
+TEST(AttributionClt, StoredFloat32DecodersEqualTheirFloat64Values) {
+  auto m = model("gpt2");
+  auto c64 = random_clt(*m, true);
+  auto c32 = std::make_shared<CrossLayerTranscoder>(*c64);
+  c32->W_enc = c64->W_enc.to(at::kFloat);
+  c32->b_enc = c64->b_enc.to(at::kFloat);
+  c32->b_dec = c64->b_dec.to(at::kFloat);
+  c32->threshold = c64->threshold.to(at::kFloat);
+  for (auto& w : c32->W_dec) w = w.to(at::kFloat);
+  auto exact = std::make_shared<CrossLayerTranscoder>(*c32);  // the float32 values in float64
+  exact->W_enc = c32->W_enc.to(at::kDouble);
+  exact->b_enc = c32->b_enc.to(at::kDouble);
+  exact->b_dec = c32->b_dec.to(at::kDouble);
+  exact->threshold = c32->threshold.to(at::kDouble);
+  for (auto& w : exact->W_dec) w = w.to(at::kDouble);
+  const AttributionGraph a = attribute(*m, c32, prompt()), b = attribute(*m, exact, prompt());
+  ASSERT_EQ(a.adjacency.scalar_type(), at::kDouble);
+  ASSERT_TRUE(flex_test::equal(a.active_features, b.active_features));
+  EXPECT_TRUE(flex_test::close(a.adjacency, b.adjacency, 1e-12, 1e-12));
+  const std::vector<FeatureIntervention> ivs = {{0, 3, a.active_features[a.active_features.size(0) / 4][2].item<int64_t>(), 2.0, false}};
+  EXPECT_TRUE(flex_test::close(intervene(*m, c32, prompt(), ivs), intervene(*m, exact, prompt(), ivs), 1e-12, 1e-12));
+}
+
 TEST(AttributionClt, TypedErrorsForAMisShapedClt) {
   const Golden g{"gpt2"};
   flex_test::TempDir tmp;
