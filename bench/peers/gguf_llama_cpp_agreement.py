@@ -60,7 +60,7 @@ def main():
     for arch in ARCHS:
         logits_agreement(arch)
     spm_agreement("vocab-spm")
-    spm_agreement("vocab-gemma-spm")
+    spm_agreement("vocab-gemma-spm")  # (llama.cpp will not load vocab-phi3-spm.gguf: no phi3 hyperparameters)
 
 
 if __name__ == "__main__":

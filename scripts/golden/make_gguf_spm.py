@@ -17,6 +17,8 @@
   fuzz/corpus/gguf/vocab-spm.gguf  the same file, a seed for fuzz_gguf
   vocab-gemma-spm.gguf    those pieces as Gemma 3's converter writes them, and
     .expected.json        Transformers' (GemmaTokenizer's) tokenization
+  vocab-phi3-spm.gguf     vocab-spm.gguf's vocabulary under arch phi3 (a "▁"
+    .expected.json        prepended per piece by Transformers) and its tokenization
 """
 
 import collections
@@ -166,11 +168,47 @@ def write_gemma_spm():
     return tok
 
 
+def write_phi3_spm():
+    """vocab-phi3-spm.gguf: vocab-spm.gguf's vocabulary under arch phi3, which
+    Transformers builds with a Prepend("▁") + Replace normalizer instead of
+    Metaspace, and Transformers' tokenization of it."""
+    from transformers import AutoTokenizer
+    tokens, scores, types = spm_vocab()
+    path = os.path.join(OUT, "vocab-phi3-spm.gguf")
+    w = gguf.GGUFWriter(path, "phi3")
+    w.add_name("flexmodel gguf phi3 sentencepiece vocabulary")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-phi3-spm.gguf")
+    ids = [tok(s)["input_ids"] for s in STRINGS]
+    expected = {"strings": STRINGS, "ids": ids,
+                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
+                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+    with open(os.path.join(OUT, "vocab-phi3-spm.expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    return tok
+
+
 def main():
     write_spm()
     write_gemma_spm()
+    write_phi3_spm()
 
 
 if __name__ == "__main__":
     write_spm()
-    print(write_gemma_spm().backend_tokenizer.to_str()[:1200])
+    write_gemma_spm()
+    print(write_phi3_spm().backend_tokenizer.to_str()[:1200])

@@ -185,12 +185,9 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
   // Transformers builds Gemma's sentencepiece vocabularies its own way
   // (GemmaTokenizer: spaces respelled, merges in file order, no prefix).
   const bool gemma = spm && (arch == "gemma" || arch == "gemma2" || arch == "gemma3");
-  // Phi-3's (a prefix per piece between added tokens) is refused rather than
-  // tokenized differently.
-  if (spm && arch == "phi3")
-    throw UnsupportedError(cat(path, ": tokenizer.ggml.model 'llama' of general.architecture '", arch,
-                               "' is not supported (Phi-3's sentencepiece variant is not implemented; put the "
-                               "model's tokenizer.json beside it instead)"));
+  // Phi-3's: the prefix comes from a normalizer, so every piece between added
+  // tokens gets one (Transformers' phi3_tokenizer for GGUF).
+  const bool phi3 = spm && arch == "phi3";
 
   BpeSpec spec;
   spec.source = path;
@@ -211,8 +208,13 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
   } else if (spm) {
     // Transformers' LlamaTokenizer over the file (decision 47): Metaspace with
     // the prefix on the first piece only, byte fallback, merges from the scores.
-    spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::metaspace(
-        "\xE2\x96\x81", space_prefix ? BpeSpec::PrependScheme::First : BpeSpec::PrependScheme::Never, false)};
+    if (phi3) {
+      if (space_prefix) spec.normalizer.push_back({BpeSpec::NormalizeStep::Kind::Prepend, "\xE2\x96\x81", ""});
+      spec.normalizer.push_back({BpeSpec::NormalizeStep::Kind::Replace, " ", "\xE2\x96\x81"});
+    } else {
+      spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::metaspace(
+          "\xE2\x96\x81", space_prefix ? BpeSpec::PrependScheme::First : BpeSpec::PrependScheme::Never, false)};
+    }
     std::vector<BpeSpec::DecodeStep> steps = {{K::Replace, "\xE2\x96\x81", " ", 0, 0, BpeSpec::PrependScheme::Always},
                                               {K::ByteFallback, "", "", 0, 0, BpeSpec::PrependScheme::Always},
                                               {K::Fuse, "", "", 0, 0, BpeSpec::PrependScheme::Always}};

@@ -10,7 +10,9 @@
 // (sentencepiece: tokens, scores, token_type, <0xNN> byte tokens), tokenized
 // as Transformers tokenizes such a file: merges rebuilt from the scores,
 // Metaspace ("▁" prefix unless add_space_prefix is false), byte fallback, bos
-// added unless add_bos_token is false. CONTROL tokens become special added
+// added unless add_bos_token is false; Gemma's (no prefix, spaces respelled,
+// merges by file position) and Phi-3's (prefix by a normalizer) variants by
+// general.architecture, as Transformers picks them. CONTROL tokens become special added
 // tokens, USER_DEFINED ones plain added tokens; add_bos_token / add_eos_token
 // put bos / eos around the sequence. Anything else (other models such as "t5",
 // other pre families) throws flex::UnsupportedError naming the file, the key
