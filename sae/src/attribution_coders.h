@@ -21,7 +21,6 @@ struct LayerCoder {
   at::Tensor threshold; // [F] JumpReLU's, or undefined
   bool relu_then_threshold = true;  // SAELens: relu(pre) * (pre > t); circuit-tracer's CLT: pre * (pre > t)
   std::vector<at::Tensor> W_dec;    // W_dec[k]: [F, d], written into layer l + k's MLP output (a CLT's: as stored)
-  bool sparse_decode = false;       // a CLT: decoders are read at the active features' rows only, converted then (a CLT's: as stored)
   bool sparse_decode = false;       // a CLT: decoders are read at the active features' rows only, converted then
   at::Tensor b_dec;     // [d]: the bias of layer l's MLP output reconstruction
   at::Tensor W_skip;    // [d, d] (x W_skip^T), or undefined
