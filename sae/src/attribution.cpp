@@ -82,9 +82,10 @@ Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& i
       hooks.handles.push_back(p.norms[l]->register_forward_hook(
           [&r, l](Module&, const Inputs& in, Value&) { r.enc_in[l] = in.tensor(0)[0]; }));
   }
-  const at::Tensor hidden = find_first_tensor((*p.base)(Inputs{Value(ids)}));
-  // The probabilities are the model's (after a final soft cap, Gemma 2's).
-  r.logits = p.logits(hidden.select(1, hidden.size(1) - 1))[0];
+  const at::Tensor hidden = p.run(ids, nullptr, nullptr);
+  // The probabilities are the model's (after a final soft cap, Gemma 2's);
+  // a pipeline stage that does not finish has none (the last stage shares them).
+  if (hidden.defined()) r.logits = p.logits(hidden.select(1, hidden.size(1) - 1))[0];
   if (!reads_residual) r.enc_in = r.x;
   return r;
 }
@@ -94,7 +95,8 @@ Recorded record_attribution_pass(const AttributionPlaces& p, const at::Tensor& i
 struct ReplacementPass {
   at::Tensor embed_leaf;           // [B, T, d]
   std::vector<at::Tensor> x, y;    // per layer [B, T, d]: encoder input (target place), MLP output (source place)
-  at::Tensor final_hidden;         // [B, T, d] after the final norm
+  at::Tensor final_hidden;         // [B, T, d] after the final norm (pipeline: the last stage's)
+  at::Tensor stage_in, stage_out;  // pipeline: the leaf received from the previous stage, what goes to the next
 };
 
 ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<LayerCoder>& tw,
@@ -135,7 +137,7 @@ ReplacementPass replacement_pass(const AttributionPlaces& p, const std::vector<L
       out = Value(r.y[l]);
     }));
   }
-  r.final_hidden = find_first_tensor((*p.base)(Inputs{Value(ids.expand({batch, ids.size(1)}).contiguous())}));
+  r.final_hidden = p.run(ids.expand({batch, ids.size(1)}).contiguous(), &r.stage_in, &r.stage_out);
   return r;
 }
 
@@ -165,8 +167,9 @@ struct DecoderWrites {
 class RowComputer {
  public:
   RowComputer(ReplacementPass pass, const at::Tensor& positions, const std::vector<DecoderWrites>& writes,
-              std::vector<at::Tensor> errors, at::Tensor embed, int64_t n_features)
-      : pass_(std::move(pass)), errors_(std::move(errors)), embed_(std::move(embed)), n_features_(n_features) {
+              std::vector<at::Tensor> errors, at::Tensor embed, int64_t n_features, const AttributionPipeline* pipeline)
+      : pass_(std::move(pass)), errors_(std::move(errors)), embed_(std::move(embed)), n_features_(n_features),
+        pipeline_(pipeline) {
     // Per group, the scaled decoder rows laid out by position, [T, d, slots]
     // (zero-padded to the busiest position): one batched product per group
     // gives every feature's edge into n targets.
@@ -207,8 +210,14 @@ class RowComputer {
     const int64_t n = static_cast<int64_t>(targets.size());
     const int64_t L = static_cast<int64_t>(errors_.size()), T = embed_.size(0);
     const auto opts = embed_.options();
+    // This process's layers [a, b) (a pipeline stage's; else every one),
+    // whether it finishes (logit targets) and embeds (token sources).
+    const AttributionPipeline* pl = pipeline_;
+    const int64_t a = pl ? pl->first_layer : 0, b_end = pl ? pl->last_layer : L;
+    const bool finishes = !pl || pl->last(), embeds = !pl || pl->first();
     std::vector<at::Tensor> outputs, seeds;
     for (int64_t l = 0; l <= L; ++l) {
+      if (l < L ? (l < a || l >= b_end) : !finishes) continue;
       at::Tensor seed;
       for (int64_t b = 0; b < n; ++b) {
         if (targets[b].layer != l) continue;
@@ -219,27 +228,45 @@ class RowComputer {
       outputs.push_back(l < L ? pass_.x[l] : pass_.final_hidden);
       seeds.push_back(seed);
     }
-    std::vector<at::Tensor> inputs(pass_.y.begin(), pass_.y.end());
-    inputs.push_back(pass_.embed_leaf);
-    const auto grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
-                                             /*allow_unused=*/true);
+    if (pl && !pl->last()) {  // the gradient of the later stages' targets at this stage's output
+      outputs.push_back(pass_.stage_out);
+      seeds.push_back(pl->pp->recv(pl->stage + 1, kStageGradTag));
+    }
+    std::vector<at::Tensor> inputs(pass_.y.begin() + a, pass_.y.begin() + b_end);
+    if (embeds) inputs.push_back(pass_.embed_leaf);
+    if (!embeds) inputs.push_back(pass_.stage_in);
+    std::vector<at::Tensor> grads(inputs.size());
+    if (!outputs.empty())
+      grads = torch::autograd::grad(outputs, inputs, seeds, /*retain_graph=*/true, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    if (!embeds) {
+      const at::Tensor& gin = grads.back();
+      pl->pp->send(gin.defined() ? gin.contiguous() : at::zeros_like(pass_.stage_in), pl->stage - 1, kStageGradTag);
+    }
     if (!contract_) return at::Tensor();
     at::Tensor out = at::zeros({n, n_features_ + L * T + T}, opts);
     for (const GroupDecoders& ld : groups_) {
-      const at::Tensor& g = grads[ld.out_layer];
+      if (ld.out_layer < a || ld.out_layer >= b_end) continue;
+      const at::Tensor& g = grads[ld.out_layer - a];
       if (!g.defined()) continue;
       // [T, n, d] x [T, d, slots] -> [n, T * slots], then each feature's slot;
       // a CLT feature sums its groups (one per layer it writes into).
       const at::Tensor e = at::bmm(g.narrow(0, 0, n).transpose(0, 1), ld.decoders).transpose(0, 1).reshape({n, -1});
       out.index_add_(1, ld.columns, e.index_select(1, ld.flat));
     }
-    for (int64_t l = 0; l < L; ++l) {
-      const at::Tensor& g = grads[l];
+    for (int64_t l = a; l < b_end; ++l) {
+      const at::Tensor& g = grads[l - a];
       if (g.defined())
         out.narrow(1, n_features_ + l * T, T).copy_((g.narrow(0, 0, n) * errors_[l]).sum(-1));
     }
-    const at::Tensor& ge = grads[L];
-    if (ge.defined()) out.narrow(1, n_features_ + L * T, T).copy_((ge.narrow(0, 0, n) * embed_).sum(-1));
+    if (embeds) {
+      const at::Tensor& ge = grads[b_end - a];
+      if (ge.defined()) out.narrow(1, n_features_ + L * T, T).copy_((ge.narrow(0, 0, n) * embed_).sum(-1));
+    }
+    if (pl) {  // each stage's columns: their sum on rank 0
+      out = pl->pp->reduce(out, 0);
+      if (!pl->first()) return at::Tensor();
+    }
     return out;
   }
 
@@ -248,7 +275,9 @@ class RowComputer {
   std::vector<at::Tensor> errors_;
   at::Tensor embed_;
   int64_t n_features_;
+  const AttributionPipeline* pipeline_;
   bool contract_ = true;
+  static constexpr int kStageGradTag = 7481;
   struct GroupDecoders {
     int64_t out_layer = 0;
     at::Tensor decoders;  // [T, d, slots]
@@ -301,7 +330,16 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const bool keeps = ranks == nullptr || ranks->keeps_rows();
   ParametersWithoutGrad constants(model);
 
-  const Recorded rec = record_attribution_pass(places, ids, detail::reads_residual(transcoders));
+  Recorded rec = record_attribution_pass(places, ids, detail::reads_residual(transcoders));
+  const AttributionPipeline* pipeline = ranks ? ranks->pipeline.get() : nullptr;
+  if (pipeline) {  // every stage gets every layer's recording (the nodes are computed everywhere)
+    pipeline->share_layers(rec.x);
+    pipeline->share_layers(rec.out);
+    if (detail::reads_residual(transcoders)) pipeline->share_layers(rec.enc_in);
+    else rec.enc_in = rec.x;
+    pipeline->share(rec.embed, 0);
+    pipeline->share(rec.logits, pipeline->n_stages - 1);
+  }
   const at::ScalarType dt = rec.embed.scalar_type();
   // Checked against the model and converted to its dtype.
   const std::vector<LayerCoder> tw = detail::layer_coders(model, places, transcoders, dt);
@@ -370,8 +408,8 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
   auto make_rows = [&](int64_t batch) {
-    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F);
-    computer->set_contract(keeps);
+    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F, pipeline);
+    computer->set_contract(keeps || pipeline);  // a pipeline stage contracts its own places
     return computer;
   };
   const at::ScalarType adj_dt = prob_dt;

@@ -32,6 +32,10 @@ std::string transcoder_name(const SparseDictionary& t, size_t l) {
 
 }  // namespace
 
+std::function<at::Tensor(const at::Tensor&, at::Tensor*, at::Tensor*)> base_model_run(std::shared_ptr<Module> base) {
+  return [base](const at::Tensor& ids, at::Tensor*, at::Tensor*) { return find_first_tensor((*base)(Inputs{Value(ids)})); };
+}
+
 AttributionPlaces attribution_places(CausalLM& model) {
   AttributionPlaces p;
   attribution_block_places(model, model.class_name(), model.base_model_prefix(), model.config().num_hidden_layers, p);
@@ -46,6 +50,7 @@ AttributionPlaces attribution_places(CausalLM& model) {
     return at::isFloatingType(w.scalar_type()) ? w : head->float_weight();
   };
   p.hidden_size = model.config().hidden_size;
+  p.run = base_model_run(p.base);
   return p;
 }
 

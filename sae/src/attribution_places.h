@@ -23,6 +23,12 @@ struct AttributionPlaces {
   /// quantized head's float weight).
   std::function<at::Tensor()> unembedding;
   int64_t hidden_size = 0;
+  /// Runs the base model on ids [B, T] and gives the final hidden state
+  /// (undefined on a pipeline stage that does not finish). A pipeline stage
+  /// after the first makes the hidden state it receives a leaf (*stage_in,
+  /// when given, in grad mode); one before the last gives what it sends
+  /// (*stage_out). Default (attribution_places): the base module's forward.
+  std::function<at::Tensor(const at::Tensor& ids, at::Tensor* stage_in, at::Tensor* stage_out)> run;
   std::vector<std::string> mlp_names;   // layer l's MLP module
   std::vector<std::string> norm_names;  // the norm whose output is layer l's MLP input
   std::vector<std::shared_ptr<Module>> mlps;
@@ -37,6 +43,8 @@ struct AttributionPlaces {
 /// The places of a GPT-2, pre-norm decoder or Gemma 2 model; UnsupportedError naming
 /// the model class and what is missing otherwise.
 AttributionPlaces attribution_places(CausalLM& model);
+/// AttributionPlaces::run through `base`'s forward (one process, tensor parallel).
+std::function<at::Tensor(const at::Tensor&, at::Tensor*, at::Tensor*)> base_model_run(std::shared_ptr<Module> base);
 /// The blocks' places of a model whose root names its children as a
 /// CausalLM does (`base` "transformer" or "model"): what attribution_places
 /// fills besides the embedding and the head (shared with the tensor-parallel

@@ -1,6 +1,6 @@
-// Run under mpirun with FLEX_MESH="2,1,1" (tensor parallel): attribution
-// graphs (flex/sae/attribution_parallel.h) of the GPT-2 and Llama fixtures
-// built tensor-parallel, through random per-layer transcoders (plain ReLU,
+// Run under mpirun with FLEX_MESH="2,1,1" (tensor parallel) or "1,2,1"
+// (pipeline parallel): attribution graphs (flex/sae/attribution_parallel.h)
+// of the GPT-2 and Llama fixtures built over the mesh, through random per-layer transcoders (plain ReLU,
 // skip, JumpReLU skip; replicated on every rank), against the one-process
 // graph of the unsharded model computed in the same run (float64 both):
 //   - rank 0's nodes (active features, activations, selection, logits) are
@@ -9,7 +9,8 @@
 //   - in memory with every feature, with a feature budget (the ranking is
 //     rank 0's, broadcast), and streamed (--max-memory, rows in rank 0's
 //     file only);
-//   - the other ranks return the same nodes and hold no rows.
+//   - the other ranks return the same nodes and hold no rows;
+//   - a data-parallel mesh ("1,1,2") is refused with an error naming it.
 #include <flex/hooks/errors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/parallel_lm.h>
@@ -74,7 +75,7 @@ class ParallelAttribution : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ParallelAttribution, RankZerosGraphIsTheOneProcessGraph) {
   const auto s = mesh_shape();
-  if (s.pp != 1 || s.dp != 1) GTEST_SKIP() << "tensor parallel only";
+  if (s.dp != 1) GTEST_SKIP() << "tensor or pipeline parallel";
   const std::string fixture = GetParam();
   const std::string dir = flex_test::fixture("models/" + fixture);
   auto whole = flex::load_pretrained(dir, at::kDouble);
@@ -112,16 +113,16 @@ TEST_P(ParallelAttribution, RankZerosGraphIsTheOneProcessGraph) {
     ASSERT_EQ(a.sizes(), e.sizes()) << what;
     const double scale = e.abs().max().item<double>();
     const double diff = (a - e).abs().max().item<double>();
-    std::printf("[attribution tp=%d] %s: %lld nodes, largest edge %.3g, largest difference %.3g (%.2g relative)\n",
-                s.tp, what.c_str(), static_cast<long long>(e.size(0)), scale, diff, diff / scale);
+    std::printf("[attribution %s] %s: %lld nodes, largest edge %.3g, largest difference %.3g (%.2g relative)\n",
+                mesh().describe().c_str(), what.c_str(), static_cast<long long>(e.size(0)), scale, diff, diff / scale);
     EXPECT_GT(scale, 0.0) << what;
     EXPECT_TRUE(flex_test::close(a, e, 0, 1e-5 * scale)) << what << ": edges differ from the one-process graph";
   }
 }
 
-TEST(ParallelAttributionErrors, PipelineMeshIsRefusedByName) {
+TEST(ParallelAttributionErrors, DataParallelMeshIsRefusedByName) {
   const auto s = mesh_shape();
-  if (s.pp == 1) GTEST_SKIP() << "needs a pipeline mesh";
+  if (s.dp == 1) GTEST_SKIP() << "needs a data-parallel mesh";
   auto lm = flex::load_parallel_pretrained(flex_test::fixture("models/gpt2"), mesh());
   const int64_t d = lm->config().hidden_size, L = lm->config().num_hidden_layers;
   try {
