@@ -24,7 +24,7 @@ from llama_cpp import Llama
 from safetensors.numpy import load_file
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "gguf")
-ARCHS = ["gemma3", "olmo2", "gpt2", "gptneox", "qwen2moe", "qwen3moe", "deepseek2"]
+ARCHS = ["gemma3", "olmo2", "gpt2", "gptneox", "qwen2moe", "qwen3moe", "deepseek2", "deepseek2-v3"]
 
 
 def logits_agreement(arch):

@@ -198,21 +198,35 @@ nlohmann::json layer_norm_config(const GgufFile& f, const std::string& arch) {
   return c;
 }
 
-// DeepSeek-V2: latent attention sizes and routing. The converter writes the
-// latent attention as MQA (head_count_kv 1, key_length kv_lora + rope); the
-// per-head sizes are the *_mla keys (older files: key_length / value_length).
+// Whether a deepseek2 file holds DeepSeek-V3 (sigmoid gating, exp_probs_b).
+bool deepseek_v3_routing(const GgufFile& f) {
+  const std::string p = "deepseek2.";
+  return int_or(f, p + "expert_gating_func", 1) == 2 ||
+         f.contains("blk." + std::to_string(int_or(f, p + "leading_dense_block_count", 0)) + ".exp_probs_b.bias");
+}
+
+// DeepSeek-V2 / V3: latent attention sizes and routing. The converter writes
+// the latent attention as MQA (head_count_kv 1, key_length kv_lora + rope);
+// the per-head sizes are the *_mla keys (older files: key_length / value_length).
 void deepseek2_config(const GgufFile& f, nlohmann::json& c) {
   const std::string p = "deepseek2.";
+  const bool v3 = deepseek_v3_routing(f);
+  const int64_t gating = int_or(f, p + "expert_gating_func", v3 ? 2 : 1);
+  const bool norm = f.has(p + "expert_weights_norm") && f.value(p + "expert_weights_norm").to_bool();
   const auto refuse = [&](const std::string& what) {
     throw UnsupportedError("GGUF file " + f.path() + ": " + what +
                            "; flexmodel reads deepseek2 files of DeepSeek-V2's routing (softmax, scaled, not "
-                           "renormalised) so far");
+                           "renormalised) and DeepSeek-V3's (sigmoid with exp_probs_b)");
   };
-  if (int_or(f, p + "expert_gating_func", 1) != 1) refuse("expert_gating_func is not softmax (DeepSeek-V3's sigmoid)");
-  if (f.contains("blk." + std::to_string(int_or(f, p + "leading_dense_block_count", 0)) + ".exp_probs_b.bias"))
-    refuse("tensor 'exp_probs_b' (DeepSeek-V3's score correction) is present");
-  if (f.has(p + "expert_weights_norm") && f.value(p + "expert_weights_norm").to_bool())
-    refuse("expert_weights_norm is true");
+  if (gating != (v3 ? 2 : 1))
+    refuse("expert_gating_func is " + std::to_string(gating) + (v3 ? " with tensor exp_probs_b" : ""));
+  if (!v3 && norm) refuse("expert_weights_norm is true with softmax gating");
+  if (v3) {  // Transformers' DeepseekV3: noaux_tc over groups, interleaved rope as llama.cpp's
+    c["topk_method"] = "noaux_tc";
+    c["scoring_func"] = "sigmoid";
+    c["norm_topk_prob"] = norm;
+    c["rope_interleave"] = true;
+  }
   c["num_key_value_heads"] = c["num_attention_heads"];  // every head has its keys (decompressed)
   c["q_lora_rank"] = f.has(p + "attention.q_lora_rank") ? nlohmann::json(f.get_int(p + "attention.q_lora_rank"))
                                                         : nlohmann::json(nullptr);
@@ -229,7 +243,7 @@ void deepseek2_config(const GgufFile& f, nlohmann::json& c) {
   c["routed_scaling_factor"] = double_or(f, p + "expert_weights_scale", 1.0);
   c["first_k_dense_replace"] = int_or(f, p + "leading_dense_block_count", 0);
   const int64_t groups = int_or(f, p + "expert_group_count", 1);
-  c["topk_method"] = groups > 1 ? "group_limited_greedy" : "greedy";
+  if (!v3) c["topk_method"] = groups > 1 ? "group_limited_greedy" : "greedy";
   c["n_group"] = groups;
   c["topk_group"] = int_or(f, p + "expert_group_used_count", 1);
 }
@@ -316,8 +330,9 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
       c["attn_logit_softcapping"] = nullptr;
     }
   }
-  c["model_type"] = a->model_type;
-  c["architectures"] = {a->causal_lm_class};
+  const bool v3 = arch == "deepseek2" && deepseek_v3_routing(f);  // one llama.cpp arch, two Transformers models
+  c["model_type"] = v3 ? "deepseek_v3" : a->model_type;
+  c["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : a->causal_lm_class};
   vocab_and_ids(f, p, c);
   return c;
 }
@@ -375,6 +390,8 @@ std::vector<GgufPiece> GgufLayout::pieces(const GgufFile& f, const std::string& 
     }
     return out;
   }
+  if (arch_ == "deepseek2" && part == "exp_probs_b" && suffix == ".bias")  // V3's score correction
+    return {GgufPiece{block + "mlp.gate.e_score_correction_bias"}};
   std::string module;
   const auto& over = block_overrides(arch_);
   if (auto o = over.find(part); o != over.end()) {

@@ -21,7 +21,9 @@ Transformers 5.23's logits on the weights gguf-py dequantizes from the file
   qwen3moe  Qwen3-MoE: the same without shared expert, q/k norms, normalised top-k
   deepseek2 DeepSeek-V2: latent attention (q-LoRA), kv_b_proj split per head into
             attn_k_b (transposed) and attn_v_b as the converter splits it,
-            head_count_kv 1, a dense first layer, greedy softmax routing scaled
+            head_count_kv 1, a dense first layer, greedy softmax routing scaled;
+            deepseek2-v3: DeepSeek-V3 written under that arch (sigmoid gating,
+            exp_probs_b score correction, expert groups, renormalised weights)
 and fuzz/corpus/gguf/experts.gguf, a seed for fuzz_gguf with a 3-D Q8_0 tensor.
 """
 
@@ -42,7 +44,7 @@ IDS = [[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]]  # longer than the window of 4
 CAPTURED = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",
             "gpt2": "transformer.h.1.mlp", "gptneox": "gpt_neox.layers.1.attention",
             "qwen2moe": "model.layers.1.mlp", "qwen3moe": "model.layers.1.mlp",
-            "deepseek2": "model.layers.1.self_attn"}
+            "deepseek2": "model.layers.1.self_attn", "deepseek2-v3": "model.layers.1.mlp"}
 
 # Tensors llama.cpp's converter keeps in F32 whatever the file type (routers).
 KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -349,23 +351,37 @@ DEEPSEEK_BLOCK = {**DECODER_BLOCK, "self_attn.q_a_proj": "attn_q_a", "self_attn.
                   "mlp.shared_experts.down_proj": "ffn_down_shexp"}
 
 
-def write_deepseek2():
+def write_deepseek2(v3=False):
     """DeepSeek-V2 (greedy softmax routing, q-LoRA, one dense layer then MoE): the
     converter splits kv_b_proj per head into attn_k_b (transposed: [heads,
-    kv_lora, nope]) and attn_v_b ([heads, v, kv_lora]) and writes head_count_kv 1."""
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-    cfg = DeepseekV2Config(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                           num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
-                           n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
-                           q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
-                           topk_method="greedy", routed_scaling_factor=1.5, norm_topk_prob=False, rms_norm_eps=1e-6,
-                           max_position_embeddings=64, tie_word_embeddings=False,
-                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = randomize(DeepseekV2ForCausalLM(cfg), 66)
+    kv_lora, nope]) and attn_v_b ([heads, v, kv_lora]) and writes head_count_kv 1.
+    v3: DeepSeek-V3 under the same arch name: sigmoid gating with the score
+    correction exp_probs_b, groups (2, 1 used), renormalised weights * 2.5."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                  num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                  n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                  q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, rms_norm_eps=1e-6,
+                  max_position_embeddings=64, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if v3:
+        model_class, stem = DeepseekV3ForCausalLM, "deepseek2-v3"
+        cfg = DeepseekV3Config(**common, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+        assert cfg.rope_interleave  # Transformers' V3 rotates interleaved pairs, as llama.cpp's deepseek2 does
+    else:
+        model_class, stem = DeepseekV2ForCausalLM, "deepseek2"
+        cfg = DeepseekV2Config(**common, topk_method="greedy", routed_scaling_factor=1.5, norm_topk_prob=False)
+    model = randomize(model_class(cfg), 68 if v3 else 66)
+    if v3:  # the score correction is a buffer: make it matter
+        with torch.no_grad():
+            model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
     heads, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     tensors = []
     for g, x, inverse in decoder_tensors(model, DEEPSEEK_BLOCK):
+        if g.endswith("ffn_gate_inp.e_score_correction_bias"):
+            g = g.replace("ffn_gate_inp.e_score_correction_bias", "exp_probs_b.bias")
         if not g.endswith("attn_kv_b.weight"):
             tensors.append((g, x, inverse))
             continue
@@ -392,12 +408,17 @@ def write_deepseek2():
         w.add_expert_shared_count(cfg.n_shared_experts)
         w.add_expert_weights_scale(cfg.routed_scaling_factor)
         w.add_rope_dimension_count(cfg.qk_rope_head_dim)
+        if v3:
+            w.add_expert_weights_norm(True)
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            w.add_expert_group_count(cfg.n_group)
+            w.add_expert_group_used_count(cfg.topk_group)
 
     class MQA:  # what the converter writes: MLA as MQA, one kv head
         def __getattr__(self, k):
             return 1 if k == "num_key_value_heads" else getattr(cfg, k)
-    back = write_file(os.path.join(OUT, "deepseek2-tiny-q8_0.gguf"), "deepseek2", decoder_hparams(MQA(), extra), tensors)
-    golden("deepseek2", DeepseekV2ForCausalLM, cfg, back, tied=False)
+    back = write_file(os.path.join(OUT, f"{stem}-tiny-q8_0.gguf"), "deepseek2", decoder_hparams(MQA(), extra), tensors)
+    golden(stem, model_class, cfg, back, tied=False)
 
 
 def write_fuzz_seed():
@@ -423,6 +444,7 @@ def main():
     write_gptneox()
     write_qwen_moes()
     write_deepseek2()
+    write_deepseek2(v3=True)
     write_fuzz_seed()
 
 

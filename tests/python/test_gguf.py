@@ -122,7 +122,7 @@ def test_quantize_head_q8_0_keeps_the_head_hooked_and_near_float():
 
 ARCHS = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",
          "gpt2": "transformer.h.1.mlp", "gptneox": "gpt_neox.layers.1.attention", "qwen2moe": "model.layers.1.mlp",
-         "qwen3moe": "model.layers.1.mlp", "deepseek2": "model.layers.1.self_attn"}
+         "qwen3moe": "model.layers.1.mlp", "deepseek2": "model.layers.1.self_attn", "deepseek2-v3": "model.layers.1.mlp"}
 
 
 def test_gguf_architectures_through_python():

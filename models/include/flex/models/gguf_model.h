@@ -6,7 +6,7 @@
 // transposed Conv1D weights, Gemma's 1 + w norms, experts stacked in 3-D
 // tensors, DeepSeek's kv_b split). Architectures (llama.cpp's names): llama
 // (also Mistral), qwen2, qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3,
-// olmo2, gpt2, gptneox, deepseek2 (DeepSeek-V2's routing).
+// olmo2, gpt2, gptneox, deepseek2 (DeepSeek-V2, or V3 by its routing keys).
 // from_pretrained("model.gguf")
 // comes here; matrices in a quantized ggml type stay in their blocks
 // (flex/quant/ggml_format.h) unless options.gguf_quantized is false.
