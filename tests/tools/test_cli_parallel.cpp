@@ -16,7 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -292,6 +297,57 @@ TEST(CliParallel, InspectPrintsThePlanOnce) {
   EXPECT_NE(r.out.find("stage 0: blocks 0..0, embeddings"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stage 1: blocks 1..1, final norm and head"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("architecture:"), r.out.rfind("architecture:")) << "printed by more than one rank";
+}
+
+// flexmodel attribute (design decision 48) under tp=2 and pp=2: rank 0's
+// graph file has the single-process run's nodes and links, the link weights
+// within 1e-5 of the largest (float32; the test data's transcoders);
+// streamed too (--max-memory). The largest difference is printed.
+TEST(CliParallel, AttributionGraphEqualsTheSingleProcessRun) {
+  flex_test::TempDir tmp;
+  flex::save_safetensors(tmp.str("ids.safetensors"),
+                         {{"input_ids", at::tensor({255, 17, 42, 7, 99, 5, 11, 64, 2, 8}, at::kLong)}});
+  const std::vector<std::string> base = {"attribute", flex_test::fixture("models/gpt2"), "--transcoders",
+                                         flex_test::data_path("attribution/gpt2-transcoders"), "--input-ids",
+                                         tmp.str("ids.safetensors"), "--batch-size", "16"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto single = cli_test::run(with(base, {"--out", tmp.str("single.json")}));
+  ASSERT_EQ(single.code, 0) << single.err;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json want = read(tmp.str("single.json"));
+  int n = 0;
+  for (const Mesh& m : {Mesh{2, 1, 1}, Mesh{1, 2, 1}}) {
+    for (const bool streamed : {false, true}) {
+      const std::string what = m.name() + (streamed ? " streamed" : "");
+      const std::string out = tmp.str("graph" + std::to_string(n++) + ".json");
+      auto a = with(with(base, {"--out", out}), m.flags());
+      if (streamed) a = with(a, {"--max-memory", "200MB"});
+      auto par = mpirun(m.np(), a);
+      ASSERT_EQ(par.code, 0) << what << ": " << par.err;
+      EXPECT_NE(par.out.find("attribution graph:"), std::string::npos) << what << ": " << par.out;
+      const nlohmann::json got = read(out);
+      ASSERT_EQ(got["nodes"].size(), want["nodes"].size()) << what;
+      for (size_t i = 0; i < want["nodes"].size(); ++i)
+        EXPECT_EQ(got["nodes"][i]["node_id"], want["nodes"][i]["node_id"]) << what << ": node " << i;
+      ASSERT_EQ(got["links"].size(), want["links"].size()) << what;
+      double largest = 0, worst = 0;
+      for (const auto& l : want["links"]) largest = std::max(largest, std::abs(l["weight"].get<double>()));
+      for (size_t i = 0; i < want["links"].size(); ++i) {
+        EXPECT_EQ(got["links"][i]["source"], want["links"][i]["source"]) << what << ": link " << i;
+        EXPECT_EQ(got["links"][i]["target"], want["links"][i]["target"]) << what << ": link " << i;
+        worst = std::max(worst, std::abs(got["links"][i]["weight"].get<double>() - want["links"][i]["weight"].get<double>()));
+      }
+      EXPECT_LE(worst, 1e-5 * largest) << what;
+      std::cout << "attribute " << what << ": " << want["nodes"].size() << " nodes, " << want["links"].size()
+                << " links, largest |weight difference| " << worst << " (largest weight " << largest << ")\n";
+    }
+  }
 }
 
 TEST(CliParallel, BadCombinationsFailEveryRank) {

@@ -9,6 +9,7 @@
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
 #include <flex/sae/attribution_intervention.h>
+#include <flex/sae/attribution_parallel.h>
 #include <flex/tokenizers/tokenizer.h>
 
 #include <ATen/ATen.h>
@@ -60,6 +61,9 @@ const std::vector<Flag>& attribute_flags() {
              "when it cannot); DEV=SIZE,...: budgets for --device-map as for the other commands"};
       f.push_back(l);
     }
+    // Under mpirun: the model sharded over the ranks, the graph gathered on
+    // rank 0, which writes it (design decision 48).
+    for (auto& p : parallel_flags()) f.push_back(p);
     return f;
   }();
   return flags;
@@ -127,7 +131,9 @@ int run_attribute(const std::vector<std::string>& argv) {
                             "Neuronpedia's graph viewer (and circuit-tracer's local server) opens.\n"
                             "With --intervene (repeated): no graph; the features are set (=VALUE) or scaled\n"
                             "(*FACTOR) at their positions as circuit-tracer's feature_intervention does, and the\n"
-                            "next-token logits before and after are printed (--max-new-tokens: a greedy continuation).");
+                            "next-token logits before and after are printed (--max-new-tokens: a greedy continuation).\n"
+                            "Under mpirun (mpirun -np 2 flexmodel attribute MODEL --tp 2 ..., or --pp 2): the model is\n"
+                            "sharded over the ranks, the edge rows are gathered on rank 0, which writes the graph.");
     return 0;
   }
   set_log_level(args.get("--log-level"));
@@ -188,10 +194,20 @@ int run_attribute(const std::vector<std::string>& argv) {
     if (v.empty()) throw ConfigError("the prompt has no tokens");
     ids = at::tensor(v, at::kLong);
   }
-  auto model = load_model(dir, Args("attribute", attribute_flags(), load_argv));
-  const Transcoders transcoders = load_attribution_transcoders(*tc_dir, model->config().num_hidden_layers);
-  if (intervening) return print_interventions(args, *model, transcoders, ids, tok.get());
-  const AttributionGraph graph = attribute(*model, transcoders, ids, o);
+  const Ranks ranks = parallel_setup(args);
+  if (ranks.mesh && intervening)
+    throw UsageError("--intervene runs in one process: it cannot be combined with --tp/--pp/--dp");
+  AttributionGraph graph;
+  if (ranks.mesh) {
+    auto model = load_parallel_model(dir, Args("attribute", attribute_flags(), load_argv), *ranks.mesh);
+    graph = attribute(*model, load_attribution_transcoders(*tc_dir, model->config().num_hidden_layers), ids, o);
+    if (!ranks.writer()) return 0;  // rank 0 holds the rows and writes the graph
+  } else {
+    auto model = load_model(dir, Args("attribute", attribute_flags(), load_argv));
+    const Transcoders transcoders = load_attribution_transcoders(*tc_dir, model->config().num_hidden_layers);
+    if (intervening) return print_interventions(args, *model, transcoders, ids, tok.get());
+    graph = attribute(*model, transcoders, ids, o);
+  }
   const PrunedGraph pruned = prune_graph(graph, node_threshold, edge_threshold);
 
   GraphJsonInfo info;
