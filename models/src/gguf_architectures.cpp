@@ -277,9 +277,20 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
       const std::string kind = f.get_string(p + "rope.scaling.type");
       if (kind == "linear") {
         c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", f.get_double(p + "rope.scaling.factor")}};
+      } else if (kind == "yarn" && arch == "deepseek2") {
+        // DeepSeek's YaRN: the converter keeps 0.1 * mscale_all_dim as the log
+        // multiplier; DeepSeek's configs give mscale equal to it.
+        const double m = double_or(f, p + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
+        c["rope_scaling"] = {{"rope_type", "yarn"},
+                             {"factor", f.get_double(p + "rope.scaling.factor")},
+                             {"original_max_position_embeddings", f.get_int(p + "rope.scaling.original_context_length")},
+                             {"beta_fast", double_or(f, p + "rope.scaling.yarn_beta_fast", 32.0)},
+                             {"beta_slow", double_or(f, p + "rope.scaling.yarn_beta_slow", 1.0)},
+                             {"mscale", m},
+                             {"mscale_all_dim", m}};
       } else if (kind != "none") {
         throw UnsupportedError("GGUF file " + f.path() + ": metadata key '" + p + "rope.scaling.type' is '" + kind +
-                               "'; only 'linear' and 'none' are read so far");
+                               "'; only 'linear', 'none' and deepseek2's 'yarn' are read so far");
       }
     }
     c["hidden_act"] = "silu";

@@ -23,7 +23,8 @@ Transformers 5.23's logits on the weights gguf-py dequantizes from the file
             attn_k_b (transposed) and attn_v_b as the converter splits it,
             head_count_kv 1, a dense first layer, greedy softmax routing scaled;
             deepseek2-v3: DeepSeek-V3 written under that arch (sigmoid gating,
-            exp_probs_b score correction, expert groups, renormalised weights)
+            exp_probs_b score correction, expert groups, renormalised weights,
+            YaRN x4 over 16 positions with mscale 0.707 as DeepSeek's configs have)
 and fuzz/corpus/gguf/experts.gguf, a seed for fuzz_gguf with a 3-D Q8_0 tensor.
 """
 
@@ -368,7 +369,10 @@ def write_deepseek2(v3=False):
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if v3:
         model_class, stem = DeepseekV3ForCausalLM, "deepseek2-v3"
-        cfg = DeepseekV3Config(**common, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+        yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+        cfg = DeepseekV3Config(**{**common, "rope_parameters": yarn}, n_group=2, topk_group=1,
+                               routed_scaling_factor=2.5, norm_topk_prob=True)
         assert cfg.rope_interleave  # Transformers' V3 rotates interleaved pairs, as llama.cpp's deepseek2 does
     else:
         model_class, stem = DeepseekV2ForCausalLM, "deepseek2"
@@ -413,6 +417,11 @@ def write_deepseek2(v3=False):
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             w.add_expert_group_count(cfg.n_group)
             w.add_expert_group_used_count(cfg.topk_group)
+            r = cfg.rope_parameters  # what TextModel and DeepseekV2Model write for YaRN
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(r["factor"])
+            w.add_rope_scaling_orig_ctx_len(r["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_log_mul(0.1 * r["mscale_all_dim"])
 
     class MQA:  # what the converter writes: MLA as MQA, one kv head
         def __getattr__(self, k):
