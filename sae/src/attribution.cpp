@@ -409,7 +409,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
   auto make_rows = [&](int64_t batch) {
     auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F, pipeline);
-    computer->set_contract(keeps || pipeline);  // a pipeline stage contracts its own places
+    computer->set_contract(keeps || (pipeline && pipeline->contracts));  // a pipeline stage contracts its own places
     return computer;
   };
   const at::ScalarType adj_dt = prob_dt;

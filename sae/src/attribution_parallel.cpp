@@ -51,7 +51,7 @@ namespace {
 
 constexpr int kStageHiddenTag = 7480;
 
-// The pipeline of `model`'s mesh (tp == 1, dp == 1) and a run of the base
+// The pipeline of `model`'s mesh (dp == 1; each tp slice has its own pp group) and a run of the base
 // model through this stage's blocks (StagedModel::run_stage), the hidden
 // state going stage to stage as ParallelCausalLM's forward sends it.
 std::shared_ptr<AttributionPipeline> attribution_pipeline(ParallelCausalLM& model, AttributionPlaces& p) {
@@ -60,6 +60,7 @@ std::shared_ptr<AttributionPipeline> attribution_pipeline(ParallelCausalLM& mode
   pl->pp = mesh.pp_group();
   pl->stage = mesh.pp_rank();
   pl->n_stages = mesh.pp_size();
+  pl->contracts = mesh.tp_rank() == 0;
   std::tie(pl->first_layer, pl->last_layer) = model.stage_blocks();
   const auto ranges = pl->pp->all_gather(at::tensor({pl->first_layer, pl->last_layer}, at::kLong));
   pl->layer_stage.assign(static_cast<size_t>(model.config().num_hidden_layers), -1);
@@ -100,9 +101,9 @@ AttributionGraph attribute(ParallelCausalLM& model, const Transcoders& transcode
   const DeviceMesh& mesh = model.mesh();
   const ModelConfig& cfg = model.config();
   const bool pipeline = mesh.pp_size() > 1;
-  if (mesh.dp_size() != 1 || (pipeline && mesh.tp_size() != 1))
+  if (mesh.dp_size() != 1)
     throw UnsupportedError("attribution: " + model.class_name() + " over " + mesh.describe() +
-                           ": tensor or pipeline parallelism alone is supported (data parallel and tp x pp meshes are not)");
+                           ": tensor and pipeline parallelism are supported, data parallelism is not");
   if (cfg.final_logit_softcapping > 0)
     throw UnsupportedError("attribution: " + model.class_name() + " over " + mesh.describe() +
                            ": a final logit soft cap (Gemma 2) is not supported under tensor parallelism");
@@ -116,7 +117,7 @@ AttributionGraph attribute(ParallelCausalLM& model, const Transcoders& transcode
   const std::shared_ptr<Communicator> tp = mesh.tp_group();
   p.hidden_size = cfg.hidden_size;
   p.run = detail::base_model_run(p.base);
-  detail::AttributionRanks ranks{pipeline ? mesh.pp_group() : tp, nullptr};
+  detail::AttributionRanks ranks{mesh.comm(), nullptr};
   if (pipeline) ranks.pipeline = detail::attribution_pipeline(model, p);
   const std::shared_ptr<detail::AttributionPipeline> pl = ranks.pipeline;
   p.unembedding = [&model, head, tp, pl] {

@@ -31,6 +31,7 @@ struct AttributionPipeline {
   int stage = 0, n_stages = 1;
   int64_t first_layer = 0, last_layer = 0;  // this stage's blocks [first, last)
   std::vector<int> layer_stage;             // the stage of each layer
+  bool contracts = true;                    // tp rank 0 of its stage (the other tp ranks run the passes only)
 
   bool first() const { return stage == 0; }
   bool last() const { return stage == n_stages - 1; }
@@ -42,7 +43,7 @@ struct AttributionPipeline {
 };
 
 struct AttributionRanks {
-  std::shared_ptr<Communicator> group;  // the tensor-parallel group (the pipeline's, with pp); its rank 0 keeps the rows
+  std::shared_ptr<Communicator> group;  // every rank of the mesh; its rank 0 keeps the rows
   std::shared_ptr<AttributionPipeline> pipeline;  // null: tensor parallel
 
   bool keeps_rows() const { return group->rank() == 0; }

@@ -1,5 +1,5 @@
-// Run under mpirun with FLEX_MESH="2,1,1" (tensor parallel) or "1,2,1"
-// (pipeline parallel): attribution graphs (flex/sae/attribution_parallel.h)
+// Run under mpirun with FLEX_MESH="2,1,1" (tensor parallel), "1,2,1"
+// (pipeline parallel) or "2,2,1" (both, np 4): attribution graphs (flex/sae/attribution_parallel.h)
 // of the GPT-2 and Llama fixtures built over the mesh, through random per-layer transcoders (plain ReLU,
 // skip, JumpReLU skip; replicated on every rank), against the one-process
 // graph of the unsharded model computed in the same run (float64 both):

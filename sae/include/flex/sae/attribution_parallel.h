@@ -19,8 +19,9 @@
 // memory, or with max_memory_bytes in its row file): its graph is the
 // one-process graph. The other ranks return the same nodes (active
 // features, selection, logits) with no adjacency (neither `adjacency` nor
-// `streamed`). Data-parallel and tp x pp meshes: UnsupportedError naming the
-// mesh.
+// `streamed`). tp x pp meshes combine both (each tp slice runs its own
+// stage-to-stage backward; tp rank 0 of each stage contracts). Data-parallel
+// meshes: UnsupportedError naming the mesh.
 #include <flex/models/parallel_lm.h>
 #include <flex/sae/attribution.h>
 
