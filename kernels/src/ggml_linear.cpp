@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -225,6 +226,21 @@ void dequantize_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t
   }
 }
 
+// f(r0, r1) over consecutive chunks of [0, n), handed to the threads as they
+// come for them (an atomic counter), so a thread the OS holds back (a shared
+// machine) leaves its chunks to the others instead of making them wait.
+// Which thread computes a chunk does not change its bits.
+template <class F>
+void shared_chunks(int64_t n, int64_t chunk, const F& f) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), chunks);
+  if (threads <= 1 || at::in_parallel_region()) return f(0, n);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) f(c * chunk, std::min(n, (c + 1) * chunk));
+  });
+}
+
 }  // namespace
 
 bool ggml_linear_supports(uint32_t type) {
@@ -292,12 +308,13 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     }
     const Q8Rows* qp = activations == GgmlActivations::Q8 ? &rows : nullptr;
     // Each output column whole on one thread: the same bits for any thread count.
-    at::parallel_for(0, N, M <= kGgmlGemvRows ? 16 : 64, [&](int64_t r0, int64_t r1) { run_rows(isa, type, w, row_bytes, N, K, xp, M, qp, yp, r0, r1); });
+    shared_chunks(N, M <= kGgmlGemvRows ? 32 : 64,
+                  [&](int64_t r0, int64_t r1) { run_rows(isa, type, w, row_bytes, N, K, xp, M, qp, yp, r0, r1); });
   } else {
     // Prefill: float tiles of rows, each tile's product on its own thread.
     const int64_t tile = std::max<int64_t>(16, std::min<int64_t>(N, kTileBytes / (4 * K)));
     const int64_t tiles = (N + tile - 1) / tile;
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    shared_chunks(tiles, 1, [&](int64_t t0, int64_t t1) {
       SequentialBlas one_thread;
       at::Tensor buf = at::empty({tile, K}, at::kFloat);
       for (int64_t t = t0; t < t1; ++t) {
