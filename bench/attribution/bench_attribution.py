@@ -3,7 +3,7 @@
     PY=$(bash scripts/golden/setup.sh --attribution)        # circuit-tracer's venv (.venv-ct)
     PYTHONPATH=build/python python3 bench/attribution/bench_attribution.py --ct-python $PY
         [--work DIR] [--shape gpt2-small|small4] [--tokens 64] [--d-sae 4096] [--max-feature-nodes 256]
-        [--batch-size 64] [--reps 2] [--max-memory SIZE] [--limit-gb G] [--timeout S]
+        [--batch-size 64] [--reps 2] [--max-memory SIZE] [--limit-gb G] [--timeout S] [--clt]
 
 The model is GPT-2-small shaped (12 layers, d 768, 12 heads, vocab 50257), or with --shape small4
 GPT-2 shaped with 4 layers, d 256, 4 heads (the 4096-token case), with random weights,
@@ -19,6 +19,10 @@ memory bound (flexmodel.attribute(max_memory=): the adjacency streamed through a
 a tool that cannot finish is recorded as such with its peak. Both graphs of the last repeat are
 compared (same features, largest edge difference) when both finished in memory. Numbers are medians
 over repeats, from one run; the load average is printed before and after.
+
+--clt: a random cross-layer transcoder instead (circuit-tracer's file layout, W_enc_i / W_dec_i
+.safetensors, the same encoders' statistics, decoders into every later layer): flexmodel reads the
+folder (flexmodel.attribute given its path), circuit-tracer its load_clt (lazy decoders, its default).
 """
 
 import argparse
@@ -62,7 +66,23 @@ SHAPES = {"gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024
           "small4": dict(n_layer=4, n_embd=256, n_head=4, n_positions=4096)}
 
 
-def make_inputs(work, shape, tokens, d_sae):
+def make_clt(work, shape, n_layer, d, d_sae):
+    """A random CLT in circuit-tracer's layout (what its to_safetensors writes)."""
+    from safetensors.torch import save_file
+    clt_dir = os.path.join(work, f"clt-{shape}-{d_sae}")
+    if not os.path.exists(os.path.join(clt_dir, f"W_dec_{n_layer - 1}.safetensors")):
+        os.makedirs(clt_dir, exist_ok=True)
+        g = torch.Generator().manual_seed(3)
+        for i in range(n_layer):
+            save_file({f"W_enc_{i}": torch.randn(d_sae, d, generator=g) / d**0.5,
+                       f"b_enc_{i}": torch.full((d_sae,), -2.5),  # ~25 of 4096 active per token, as above
+                       f"b_dec_{i}": torch.zeros(d)}, os.path.join(clt_dir, f"W_enc_{i}.safetensors"))
+            save_file({f"W_dec_{i}": torch.randn(d_sae, n_layer - i, d, generator=g) * 0.02 / (n_layer - i)**0.5},
+                      os.path.join(clt_dir, f"W_dec_{i}.safetensors"))
+    return clt_dir
+
+
+def make_inputs(work, shape, tokens, d_sae, clt=False):
     from safetensors.torch import save_file
     sh = SHAPES[shape]
     n_layer, d = sh["n_layer"], sh["n_embd"]
@@ -73,7 +93,9 @@ def make_inputs(work, shape, tokens, d_sae):
         cfg = GPT2Config(vocab_size=50257, **sh)
         GPT2LMHeadModel(cfg).eval().save_pretrained(model_dir)
     tc_dir = os.path.join(work, f"transcoders-{d_sae}" if shape == "gpt2-small" else f"transcoders-{shape}-{d_sae}")
-    if not os.path.exists(os.path.join(tc_dir, f"layer_{n_layer - 1}", "cfg.json")):
+    if clt:
+        tc_dir = make_clt(work, shape, n_layer, d, d_sae)
+    elif not os.path.exists(os.path.join(tc_dir, f"layer_{n_layer - 1}", "cfg.json")):
         g = torch.Generator().manual_seed(1)
         for layer in range(n_layer):
             out = os.path.join(tc_dir, f"layer_{layer}")
@@ -107,8 +129,11 @@ def run_flexmodel(a):
     import flexmodel
     model = flexmodel.from_pretrained(a.model)
     # Transcoders read before the clock starts, as circuit-tracer's are.
-    n_layer = len([n for n in os.listdir(a.transcoders) if n.startswith("layer_")])
-    tcs = [flexmodel.sae.load_sae(os.path.join(a.transcoders, f"layer_{l}")) for l in range(n_layer)]
+    if a.clt:
+        tcs = a.transcoders  # the CLT folder, read (mapped) by attribute()
+    else:
+        n_layer = len([n for n in os.listdir(a.transcoders) if n.startswith("layer_")])
+        tcs = [flexmodel.sae.load_sae(os.path.join(a.transcoders, f"layer_{l}")) for l in range(n_layer)]
     ids = torch.load(a.ids)
     with torch.no_grad():
         model(ids.unsqueeze(0))  # weights paged in before the clock starts (circuit-tracer's are in memory)
@@ -156,7 +181,7 @@ def run_circuit_tracer(a):
     weights.setdefault("unembed.b_U", torch.zeros(c.vocab_size))
     del hf
     tcs = {}
-    for layer in range(c.n_layer):
+    for layer in range(0 if a.clt else c.n_layer):
         w = load_file(os.path.join(a.transcoders, f"layer_{layer}", "sae_weights.safetensors"))
         d_sae = w["W_enc"].shape[1]
         t = SingleLayerTranscoder(c.n_embd, d_sae, torch.nn.ReLU(), layer, device="cpu", dtype=torch.float32)
@@ -169,7 +194,12 @@ def run_circuit_tracer(a):
     model = TransformerLensReplacementModel(cfg)
     model.load_state_dict(weights, strict=False)
     del weights
-    model._configure_replacement_model(TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", scan="bench"))
+    if a.clt:
+        from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+        model._configure_replacement_model(load_clt(a.transcoders, "mlp.hook_in", "mlp.hook_out", scan="bench",
+                                                    device=torch.device("cpu"), dtype=torch.float32))
+    else:
+        model._configure_replacement_model(TranscoderSet(tcs, "mlp.hook_in", "mlp.hook_out", scan="bench"))
     model.tokenizer = IdTokenizer()
     model.eval()
     ids = torch.load(a.ids)
@@ -233,6 +263,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clt", action="store_true", help="a random cross-layer transcoder instead of per-layer ones")
     p.add_argument("--model"), p.add_argument("--transcoders"), p.add_argument("--ids"), p.add_argument("--graph-out")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -241,7 +272,7 @@ def main():
         print("RESULT " + json.dumps(result))
         return
     os.makedirs(a.work, exist_ok=True)
-    model, tcs, ids = make_inputs(a.work, a.shape, a.tokens, a.d_sae)
+    model, tcs, ids = make_inputs(a.work, a.shape, a.tokens, a.d_sae, a.clt)
     load0 = os.getloadavg()
     results = {"flexmodel": [], "circuit-tracer": []}
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
@@ -252,6 +283,8 @@ def main():
             cmd = [py, os.path.abspath(__file__), "--run", who, "--model", model, "--transcoders", tcs, "--ids", ids,
                    "--graph-out", os.path.join(a.work, f"graph-{who}.pt"), "--batch-size", str(a.batch_size),
                    "--max-feature-nodes", str(a.max_feature_nodes), "--threads", str(a.threads)]
+            if a.clt:
+                cmd += ["--clt"]
             if who == "flexmodel" and a.max_memory:
                 cmd += ["--max-memory", a.max_memory]
             if a.limit_gb:
@@ -270,7 +303,7 @@ def main():
     load1 = os.getloadavg()
     shape = SHAPES[a.shape]
     print(f"\n{a.shape} ({shape['n_layer']} layers, d {shape['n_embd']}), random weights, {a.tokens} tokens, d_sae "
-          f"{a.d_sae}, max_feature_nodes {a.max_feature_nodes}, batch {a.batch_size}, {a.threads} threads"
+          f"{a.d_sae}{' (cross-layer transcoder)' if a.clt else ''}, max_feature_nodes {a.max_feature_nodes}, batch {a.batch_size}, {a.threads} threads"
           + (f", flexmodel max_memory {a.max_memory}" if a.max_memory else "")
           + (f", each contender capped at {a.limit_gb} GB of address space" if a.limit_gb else "")
           + (f", timeout {a.timeout:.0f} s" if a.timeout else "")
