@@ -39,7 +39,12 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
     dict's "adjacency" and "edge_mask" are None, the kept edges are in "edges" [E, 2] (target,
     source) and "edge_weights" [E] (given in every case), and "peak_working_memory" is the
     largest working memory measured. ConfigError naming the size needed when the bound is too
-    small for one batch of rows."""
+    small for one batch of rows.
+
+    ``model`` may be a ``FlexModel`` built with ``tensor_parallel_size`` / ``pipeline_parallel_size``
+    under mpirun: every rank calls attribute() with the same arguments; rank 0 gets the dict above
+    (its graph equals the one-process graph), the other ranks the nodes only ("adjacency",
+    "json" and the pruning entries None). A data-parallel mesh is an UnsupportedError."""
     if isinstance(transcoders, (str, os.PathLike)):
         transcoders_arg = os.fspath(transcoders)
         scan = scan or os.path.basename(os.path.normpath(transcoders_arg))
@@ -47,8 +52,11 @@ def attribute(model, transcoders, input_ids, *, max_n_logits=10, desired_logit_p
         transcoders_arg = list(transcoders)
     ids = input_ids.reshape(-1) if hasattr(input_ids, "reshape") else input_ids
     decode = None if tokenizer is None else (lambda i: tokenizer.decode([i]))
+    # A FlexModel over a mesh (tensor/pipeline_parallel_size under mpirun): its sharded model;
+    # every rank calls attribute(), rank 0 gets the graph (design decision 48).
+    parallel = getattr(model, "_parallel_module", None)
     return _C.attribution.attribute(
-        _engine_module(model), transcoders_arg, ids, int(max_n_logits), float(desired_logit_prob), int(batch_size),
+        parallel if parallel is not None else _engine_module(model), transcoders_arg, ids, int(max_n_logits), float(desired_logit_prob), int(batch_size),
         -1 if max_feature_nodes is None else int(max_feature_nodes), bool(zero_first_position), float(node_threshold),
         float(edge_threshold), decode, prompt, slug, scan or "flexmodel", max_memory)
 

@@ -8,6 +8,7 @@
 #include <flex/sae/attribution.h>
 #include <flex/sae/attribution_graph.h>
 #include <flex/sae/attribution_intervention.h>
+#include <flex/sae/attribution_parallel.h>
 
 #include <ATen/ATen.h>
 
@@ -17,9 +18,9 @@ namespace {
 
 // A path (per-layer folder or cross-layer transcoder, found as
 // --transcoders finds it) or a list of per-layer transcoders.
-Transcoders transcoder_list(CausalLM& lm, py::object transcoders) {
+Transcoders transcoder_list(int64_t n_layers, py::object transcoders) {
   if (py::isinstance<py::str>(transcoders))
-    return load_attribution_transcoders(transcoders.cast<std::string>(), lm.config().num_hidden_layers);
+    return load_attribution_transcoders(transcoders.cast<std::string>(), n_layers);
   return transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
 }
 
@@ -63,8 +64,10 @@ void bind_attribution(py::module_& m) {
          double node_threshold, double edge_threshold, py::object decode,
          const std::string& prompt, const std::string& slug, const std::string& scan, py::object max_memory) {
         auto lm = std::dynamic_pointer_cast<CausalLM>(model);
-        if (!lm) throw ConfigError("attribute: the model is not a causal language model of flexmodel's");
-        const Transcoders tcs = transcoder_list(*lm, transcoders);
+        auto parallel = std::dynamic_pointer_cast<ParallelCausalLM>(model);
+        if (!lm && !parallel) throw ConfigError("attribute: the model is not a causal language model of flexmodel's");
+        const Transcoders tcs = transcoder_list(parallel ? parallel->config().num_hidden_layers : lm->config().num_hidden_layers,
+                                                transcoders);
         check_prune_thresholds(node_threshold, edge_threshold);
         AttributionOptions o;
         o.max_n_logits = max_n_logits;
@@ -84,8 +87,25 @@ void bind_attribution(py::module_& m) {
         PrunedGraph p;
         {
           py::gil_scoped_release release;
-          g = attribute(*lm, tcs, input_ids, o);
-          p = prune_graph(g, node_threshold, edge_threshold);
+          g = parallel ? attribute(*parallel, tcs, input_ids, o) : attribute(*lm, tcs, input_ids, o);
+          // Under a mesh only rank 0 holds rows (decision 48): the others have nothing to prune.
+          if (g.adjacency.defined() || g.streamed) p = prune_graph(g, node_threshold, edge_threshold);
+        }
+        if (!g.adjacency.defined() && !g.streamed) {
+          py::dict d;
+          d["n_layers"] = g.n_layers;
+          d["n_pos"] = g.n_pos;
+          d["input_ids"] = g.input_ids;
+          d["active_features"] = g.active_features;
+          d["activations"] = g.activations;
+          d["pre_activations"] = g.pre_activations;
+          d["selected_features"] = g.selected_features;
+          d["logit_tokens"] = g.logit_tokens;
+          d["logit_probabilities"] = g.logit_probabilities;
+          for (const char* k : {"adjacency", "node_mask", "edge_mask", "edges", "edge_weights", "peak_working_memory",
+                                "cumulative_scores", "json"})
+            d[k] = py::none();
+          return d;
         }
         GraphJsonInfo info;
         info.slug = slug;
@@ -129,7 +149,7 @@ void bind_attribution(py::module_& m) {
       [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,
          bool frozen_attention) {
         auto lm = causal_lm(model, "intervene");
-        const auto tcs = transcoder_list(*lm, transcoders);
+        const auto tcs = transcoder_list(lm->config().num_hidden_layers, transcoders);
         const auto ivs = intervention_list(interventions);
         py::gil_scoped_release release;
         return intervene(*lm, tcs, input_ids, ivs, frozen_attention);
@@ -141,7 +161,7 @@ void bind_attribution(py::module_& m) {
       [](std::shared_ptr<Module> model, py::object transcoders, const at::Tensor& input_ids, py::list interventions,
          int64_t max_new_tokens, bool frozen_attention) {
         auto lm = causal_lm(model, "intervene_generate");
-        const auto tcs = transcoder_list(*lm, transcoders);
+        const auto tcs = transcoder_list(lm->config().num_hidden_layers, transcoders);
         const auto ivs = intervention_list(interventions);
         at::Tensor ids, steps;
         {
