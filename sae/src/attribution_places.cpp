@@ -65,14 +65,13 @@ void attribution_block_places(Module& model, const std::string& class_name, cons
   } else {
     throw UnsupportedError(who + " is neither GPT-2 nor a pre-norm decoder (Llama, Qwen2, Mistral): not supported yet");
   }
-  // Gemma 3 would take Gemma 2's path (its q/k norms feed only the detached
-  // pattern), but no reference checks it yet: refused until one does.
-  if (class_name.find("Gemma3") != std::string::npos)
-    throw UnsupportedError(who + ": Gemma 3 is not checked against a reference yet: not supported yet");
+  // Gemma 3 takes Gemma 2's path: its q/k norms, sliding/global layers and
+  // per-layer-type RoPE all feed only the attention pattern, which the frozen
+  // replacement detaches (decision 49).
   for (int64_t l = 0; l < n; ++l) {
     const std::string block = blocks + "." + std::to_string(l);
     const std::string mlp = block + ".mlp";
-    // Gemma 2: pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm.
+    // Gemma 2 and 3: pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm.
     const bool post_norm = attribution_has_module(model, block + ".post_feedforward_layernorm");
     const std::string norm = blocks == "transformer.h" ? block + ".ln_2"
                              : post_norm               ? block + ".pre_feedforward_layernorm"

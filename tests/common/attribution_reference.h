@@ -1,7 +1,9 @@
 #pragma once
 // An independent frozen replacement for the attribution tests: GPT-2, Llama
-// (Qwen3 alike) and Gemma 2 (norms after attention and MLP, (1 + w) norm
-// weights, scaled embeddings, final soft cap) written out by hand from the model's weights (no module forward, no
+// (Qwen3 alike), Gemma 2 (norms after attention and MLP, (1 + w) norm
+// weights, scaled embeddings, final soft cap) and Gemma 3 (Gemma 2's
+// residual stream; its attention pattern optionally written out here too:
+// Gemma3Attention) written out by hand from the model's weights (no module forward, no
 // autograd), per-layer transcoders or a cross-layer transcoder (a layer-l
 // feature adds a W_dec[l][:, l' - l] to every later MLP output l') applied by hand. A plain pass records
 // the sources (token embeddings, feature activations, error vectors) and the
@@ -20,6 +22,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -30,6 +33,19 @@
 
 namespace flex_test {
 
+/// Gemma 3's attention pattern, as Transformers 5.23 computes it, read by the
+/// test from the model's config.json: per-head q/k RMSNorms with (1 + w),
+/// RoPE per layer type (sliding layers their own base; full layers linear
+/// scaling), scores times query_pre_attn_scalar^-1/2, no soft cap, a causal
+/// mask that on sliding layers also hides keys `window` or more positions back,
+/// the softmax in float32.
+struct Gemma3Attention {
+  std::vector<bool> sliding;  // per layer
+  int64_t window = 0;
+  double full_theta = 1e6, full_linear_factor = 1.0, sliding_theta = 1e4;
+  double query_pre_attn_scalar = 256;
+};
+
 struct ReferenceSources {
   at::Tensor embed;                 // [T, d]
   std::vector<at::Tensor> acts;     // per layer [T, d_sae]
@@ -39,9 +55,10 @@ struct ReferenceSources {
 class AttributionReference {
  public:
   AttributionReference(flex::CausalLM& model, const std::vector<std::shared_ptr<flex::SparseDictionary>>& transcoders,
-                       const at::Tensor& ids, bool zero_first = true)
+                       const at::Tensor& ids, bool zero_first = true, const Gemma3Attention* gemma3 = nullptr)
       : zero_first_(zero_first) {
     at::NoGradGuard ng;
+    if (gemma3) gemma3_ = *gemma3, own_patterns_ = true;
     for (auto& t : transcoders) {
       Tc c;
       c.W_enc = t->W_enc.detach().to(at::kDouble);
@@ -110,12 +127,22 @@ class AttributionReference {
     embed_weight_ = gpt2_ ? w("transformer.wte.weight") : w("model.embed_tokens.weight");
     unembed_ = gpt2_ || !w_.count("lm_head.weight") ? embed_weight_ : w("lm_head.weight");
     sources.embed = embed_weight_.index_select(0, ids);
-    // Gemma scales the embeddings by sqrt(d) (inside flexmodel's embedding module: the token node's value).
-    if (gemma2_) sources.embed = sources.embed * std::sqrt(double(embed_weight_.size(1)));
+    // Gemma scales the embeddings by sqrt(d) (inside flexmodel's embedding module: the token node's value),
+    // a float32 constant in Transformers (sqrt(32) rounds).
+    if (gemma2_) sources.embed = sources.embed * double(float(std::sqrt(double(embed_weight_.size(1)))));
+    model_probs_ = probs_;
     run(nullptr);
   }
 
  public:
+  /// With Gemma3Attention: the largest difference between the model's
+  /// patterns and the ones written out here (which the reference then uses).
+  double largest_pattern_difference() const {
+    double m = 0;
+    for (int64_t l = 0; l < L_; ++l) m = std::max(m, (probs_[l] - model_probs_[l]).abs().max().item<double>());
+    return m;
+  }
+
   /// The recorded sources and what the plain pass saw.
   ReferenceSources sources;
   std::vector<at::Tensor> pre;      // per layer [T, d_sae]
@@ -242,6 +269,37 @@ class AttributionReference {
     return at::softmax(scores, -1);
   }
 
+  // Gemma 3's pattern [H, T, T] from the normed input a (Gemma3Attention).
+  at::Tensor gemma3_pattern(const at::Tensor& a, int64_t l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    const int64_t D = w(p + "q_proj.weight").size(0) / H_, Hkv = w(p + "k_proj.weight").size(0) / D;
+    auto heads = [&](const std::string& proj, int64_t n) {
+      const at::Tensor x = at::matmul(a, w(p + proj + "_proj.weight").t()).view({T_, n, D}).permute({1, 0, 2});
+      const at::Tensor scale = (w(p + proj + "_norm.weight").to(at::kFloat) + 1.0).to(at::kDouble);
+      return x * at::rsqrt(x.pow(2).mean(-1, true) + eps_) * scale;  // [n, T, D]
+    };
+    const bool sliding = gemma3_.sliding.at(l);
+    // RoPE in float32, as Transformers computes cos and sin.
+    const double theta = sliding ? gemma3_.sliding_theta : gemma3_.full_theta;
+    const double factor = sliding ? 1.0 : gemma3_.full_linear_factor;
+    const at::Tensor inv_freq = at::reciprocal(at::pow(theta, at::arange(0, D, 2, at::kLong).to(at::kFloat) / double(D))) / factor;
+    const at::Tensor freqs = at::outer(at::arange(T_, at::kLong).to(at::kFloat), inv_freq);
+    const at::Tensor emb = at::cat({freqs, freqs}, -1);
+    const at::Tensor cos = emb.cos().to(at::kDouble), sin = emb.sin().to(at::kDouble);
+    auto rope = [&](const at::Tensor& x) {
+      const at::Tensor half = at::cat({-x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
+      return x * cos + half * sin;
+    };
+    const at::Tensor q = rope(heads("q", H_)), k = rope(heads("k", Hkv)).repeat_interleave(H_ / Hkv, 0);
+    at::Tensor scores = at::matmul(q, k.transpose(1, 2)) / std::sqrt(gemma3_.query_pre_attn_scalar);
+    const at::Tensor i = at::arange(T_, at::kLong).unsqueeze(1), j = at::arange(T_, at::kLong).unsqueeze(0);
+    at::Tensor hidden = j > i;
+    if (sliding) hidden = hidden.logical_or(i - j >= gemma3_.window);
+    scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+    // The softmax in float32, as Transformers' eager attention takes it.
+    return at::softmax(scores, -1, at::kFloat).to(at::kDouble);
+  }
+
   at::Tensor attention(const at::Tensor& a, int64_t l) { return attention(a, l, probs_[l]); }
   at::Tensor attention(const at::Tensor& a, int64_t l, const at::Tensor& probs) {
     const std::string p = gpt2_ ? "transformer.h." + std::to_string(l) + ".attn."
@@ -291,7 +349,9 @@ class AttributionReference {
     std::vector<at::Tensor> written(L_);  // sum of what earlier and this layer's features write into layer l's output
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
-      const at::Tensor attn = attention(norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain), l);
+      const at::Tensor a_in = norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv_, plain);
+      if (plain && own_patterns_) probs_[l] = gemma3_pattern(a_in, l);
+      const at::Tensor attn = attention(a_in, l);
       h = h + (gemma2_ ? norm(attn, b + ".post_attention_layernorm", inv_, plain) : attn);
       const at::Tensor x = norm(h, b + mlp_norm(), inv_, plain);
       const Tc& t = tc_[l];
@@ -327,13 +387,14 @@ class AttributionReference {
     frozen_logits_ = logits;
   }
 
-  bool zero_first_, gpt2_ = false, gemma2_ = false;
+  bool zero_first_, gpt2_ = false, gemma2_ = false, own_patterns_ = false;
+  Gemma3Attention gemma3_;
   double final_cap_ = 0;
   int64_t L_ = 0, H_ = 0, T_ = 0;
   double eps_ = 1e-5;
   std::map<std::string, at::Tensor> w_, inv_;
   std::vector<Tc> tc_;
-  std::vector<at::Tensor> probs_, c0_, frozen_pre_;
+  std::vector<at::Tensor> probs_, model_probs_, c0_, frozen_pre_;
   at::Tensor embed_weight_, unembed_, frozen_logits_;
 };
 

@@ -143,10 +143,10 @@ def test_generation_equals_circuit_tracers_feature_intervention_generate(family)
     assert_close(steps, theirs, 1e-5 * theirs.abs().max().item(), f"{family} step logits")
 
 
-def test_gemma3_is_refused_until_a_reference_checks_it():
-    # Gemma 3 would take Gemma 2's path, but neither circuit-tracer nor the float64 reference
-    # covers it yet: an UnsupportedError naming the model, not an unchecked graph.
+def test_gemma3_takes_transcoders_of_its_width_only():
+    # Gemma 3 is attributed (its graph checked against the float64 reference in
+    # sae_attribution); a transcoder of another model's width is a ShapeError naming it.
     m = flexmodel.from_pretrained(DATA.parent / "contract" / "gemma3_text")
     t = flexmodel.sae.load_sae(ATTR / "gpt2-transcoders" / "layer_0")
-    with pytest.raises(flexmodel.UnsupportedError, match="Gemma3ForCausalLM"):
+    with pytest.raises(flexmodel.ShapeError, match="W_enc"):
         flexmodel.attribute(m, [t] * m.config["num_hidden_layers"], torch.arange(1, 6))
