@@ -47,3 +47,19 @@ def test_mis_shaped_clt_is_a_config_error(tmp_path):
     save_file({"W_dec_1": torch.zeros(16, 2, 64)}, str(clt / "W_dec_1.safetensors"))
     with pytest.raises(flexmodel.errors.ConfigError, match=r"W_dec_1\.safetensors.*\[16, 2, 64\]"):
         flexmodel.attribute(model, clt, torch.tensor([1, 2, 3]))
+
+
+def test_streamed_clt_graph_is_the_in_memory_one():
+    # max_memory (design decision 45) with a CLT: the same nodes and the same pruned edges and
+    # weights as the dense graph, whose pruning equals circuit-tracer's (above).
+    model = flexmodel.from_pretrained(DATA / "models" / "llama")
+    ids = load_file(str(ATTR / "llama-clt-circuit-tracer.safetensors"))["input_ids"]
+    dense = flexmodel.attribute(model, ATTR / "llama-clt", ids, batch_size=16)
+    streamed = flexmodel.attribute(model, ATTR / "llama-clt", ids, batch_size=16, max_memory="2MB")
+    assert streamed["adjacency"] is None
+    assert torch.equal(streamed["node_mask"], dense["node_mask"])
+    kept = dense["edge_mask"]
+    assert set(map(tuple, streamed["edges"].tolist())) == set(map(tuple, kept.nonzero().tolist()))
+    want = {tuple(e): dense["adjacency"][e[0], e[1]].item() for e in kept.nonzero().tolist()}
+    worst = max(abs(w - want[tuple(e)]) for e, w in zip(streamed["edges"].tolist(), streamed["edge_weights"].tolist()))
+    assert worst <= 1e-6 * dense["adjacency"].abs().max().item(), worst
