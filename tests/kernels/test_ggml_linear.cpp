@@ -146,6 +146,30 @@ TEST(GgmlLinear, RandomWeightsDecodeAndPrefillShapes) {
   }
 }
 
+// Rows of 9 blocks: the kernels take blocks 8 at a time, so the ninth goes
+// the one-at-a-time way (and AVX-512's Q8 kernel falls back to 256 bits).
+TEST(GgmlLinear, RowsNotAMultipleOfEightBlocks) {
+  at::manual_seed(29);
+  const int64_t N = 24, K = 288;
+  for (const auto& [name, type] : kTypes) {
+    if (flex::ggml_type_info(type)->block != 32) continue;
+    const at::Tensor raw = random_blocks(type, N, K);
+    const at::Tensor w = dequantized(type, raw, N, K);
+    for (int64_t M : {1, 3, 12}) {
+      const at::Tensor x = at::randn({M, K});
+      const at::Tensor want = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+      for (flex::Isa isa : flex_test::isa_levels()) {
+        flex::ScopedIsa cap(isa);
+        EXPECT_TRUE(within(flex::ggml_linear(type, raw, N, K, x, at::Tensor()), want, float_bound(x, w)))
+            << name << " " << flex::to_string(isa) << " M=" << M;
+        EXPECT_TRUE(within(flex::ggml_linear(type, raw, N, K, x, at::Tensor(), flex::GgmlActivations::Q8), want,
+                           q8_bound(x, w)))
+            << name << " Q8 " << flex::to_string(isa) << " M=" << M;
+      }
+    }
+  }
+}
+
 // Inputs that 8-bit quantization keeps exactly: each block of 32 is a
 // power of two times integer codes in -127..127, one of them +-127, so its
 // scale max|x| / 127 is that power and every code comes back. The Q8
