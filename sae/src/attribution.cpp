@@ -434,15 +434,28 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
     const int64_t one = probe(1), two = probe(2);
     // A batch's targets can sit in every layer: a seed [batch, T, d] per layer.
     const int64_t seed_row_bytes = L * T * rec.embed.size(1) * static_cast<int64_t>(c10::elementSize(dt));
-    const detail::StreamPlan plan = detail::plan_stream(o.max_memory_bytes, earlier_peak, held, one, two, seed_row_bytes,
-                                                        cols, n_visit + L * T + T + K,
-                                                        static_cast<int64_t>(c10::elementSize(adj_dt)), o.batch_size);
-    step = plan.batch;
-    pass_batch = std::min(B, plan.batch);
-    block_rows = plan.block_rows;
-    if (ranks) {  // every rank runs rank 0's passes (the collectives inside must pair)
-      const std::vector<int64_t> shared = ranks->broadcast({step, pass_batch, block_rows});
-      step = shared[0], pass_batch = shared[1], block_rows = shared[2];
+    std::optional<detail::StreamPlan> plan;
+    std::string refused;
+    try {
+      plan = detail::plan_stream(o.max_memory_bytes, earlier_peak, held, one, two, seed_row_bytes, cols,
+                                 n_visit + L * T + T + K, static_cast<int64_t>(c10::elementSize(adj_dt)), o.batch_size);
+    } catch (const ConfigError& e) {
+      if (!ranks) throw;
+      refused = e.what();
+    }
+    if (ranks) {
+      // Every rank runs rank 0's passes (the collectives inside must pair),
+      // and every rank fails when rank 0's bound is too small (none waits).
+      std::vector<int64_t> mine;
+      if (keeps) mine = plan ? std::vector<int64_t>{1, plan->batch, std::min(B, plan->batch), plan->block_rows} : std::vector<int64_t>{0};
+      const std::vector<int64_t> shared = ranks->broadcast(mine);
+      if (shared[0] == 0)
+        throw ConfigError(keeps ? refused : "attribution: the memory bound cannot hold one batch of rows on rank 0 (its error names the size needed)");
+      step = shared[1], pass_batch = shared[2], block_rows = shared[3];
+    } else {
+      step = plan->batch;
+      pass_batch = std::min(B, plan->batch);
+      block_rows = plan->block_rows;
     }
   }
   std::unique_ptr<detail::RowComputer> row_computer = make_rows(pass_batch);

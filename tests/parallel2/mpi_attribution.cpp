@@ -120,6 +120,25 @@ TEST_P(ParallelAttribution, RankZerosGraphIsTheOneProcessGraph) {
   }
 }
 
+// A bound too small for one batch of rows: a ConfigError on every rank
+// (rank 0's naming the size needed), none left waiting in a collective.
+TEST(ParallelAttributionErrors, TooSmallMemoryBoundFailsEveryRank) {
+  const auto s = mesh_shape();
+  if (s.dp != 1) GTEST_SKIP() << "tensor or pipeline parallel";
+  auto lm = flex::load_parallel_pretrained(flex_test::fixture("models/gpt2"), mesh());
+  const int64_t d = lm->config().hidden_size, L = lm->config().num_hidden_layers;
+  flex::AttributionOptions o;
+  o.max_memory_bytes = 4000;
+  try {
+    flex::attribute(*lm, random_transcoders(d, L, true), at::tensor({1, 17, 42, 7, 99}, at::kLong), o);
+    FAIL() << "rank " << mesh().rank() << ": no error";
+  } catch (const flex::ConfigError& e) {
+    if (mesh().rank() == 0) {
+      EXPECT_NE(std::string(e.what()).find("needs"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ParallelAttributionErrors, DataParallelMeshIsRefusedByName) {
   const auto s = mesh_shape();
   if (s.dp == 1) GTEST_SKIP() << "needs a data-parallel mesh";
