@@ -5,7 +5,14 @@
 // (~0.5-1 GB) that every call reads from memory. Interleaved rounds; prints
 // ms per call and GB/s of stored bytes read.
 //
-//   ./bench_ggml_kernels [--iters N] [--threads T]
+//
+// --per-core instead: what one core can decode, apart from memory speed: a
+// 256 x 2048 weight that stays in cache, one thread, each ISA level the CPU
+// has above scalar, float and Q8 inputs, the fastest of 300 calls (so a
+// shared machine's interruptions drop out), in GB/s of stored bytes; decode
+// with T threads reads at most T times that.
+//
+//   ./bench_ggml_kernels [--iters N] [--threads T] | --per-core
 #include "bench_util.h"
 
 #include <flex/kernels/cpu_isa.h>
@@ -33,7 +40,36 @@ at::Tensor random_blocks(uint32_t type, int64_t N, int64_t K) {
 
 }  // namespace
 
+int per_core() {
+  const int64_t N = 256, K = 2048;
+  at::set_num_threads(1);
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({1, K});
+  std::vector<float> y(N);
+  std::printf("per core: %ld x %ld weight in cache, 1 thread, fastest of 300 calls, GB/s of stored bytes\n",
+              static_cast<long>(N), static_cast<long>(K));
+  for (flex::Isa isa : {flex::Isa::Avx512, flex::Isa::Avx2}) {
+    if (static_cast<int>(isa) > static_cast<int>(flex::cpu_isa_supported())) continue;
+    for (const auto& [name, type] : {std::pair<const char*, uint32_t>{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q5_0", 6},
+                                     {"Q5_1", 7}, {"Q4_K", 12}, {"Q5_K", 13}, {"Q6_K", 14}}) {
+      const at::Tensor w = random_blocks(type, N, K);
+      double best[2] = {1e30, 1e30};
+      for (int rep = 0; rep < 300; ++rep)
+        for (int a = 0; a < 2; ++a) {
+          const auto t0 = std::chrono::steady_clock::now();
+          flex::ggml_gemv(isa, type, w.data_ptr<uint8_t>(), N, K, x.data_ptr<float>(), 1, y.data(), 0, N,
+                          a ? flex::GgmlActivations::Q8 : flex::GgmlActivations::Float);
+          best[a] = std::min(best[a], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      std::printf("%-6s %-5s float %5.1f GB/s  Q8 %5.1f GB/s\n", isa == flex::Isa::Avx512 ? "avx512" : "avx2", name,
+                  w.numel() / best[0] / 1e9, w.numel() / best[1] / 1e9);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--per-core") return per_core();
   bench::ForwardArgs args;
   args.iters = 3;
   if (!bench::parse_forward_args(argc, argv, args)) return 2;
