@@ -177,6 +177,7 @@ class RowComputer {
     const at::Tensor pos = positions.contiguous();
     const int64_t* p = pos.data_ptr<int64_t>();
     for (const DecoderWrites& w : writes) {
+      if (pipeline_ && !pipeline_->owns(w.out_layer)) continue;  // another stage's place
       const at::Tensor cols = w.columns.contiguous();
       const int64_t* c = cols.data_ptr<int64_t>();
       std::vector<std::vector<int64_t>> by(T);  // row indices within the group, by position
@@ -408,8 +409,13 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
   auto make_rows = [&](int64_t batch) {
-    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions, writes, errors, rec.embed, F, pipeline);
-    computer->set_contract(keeps || (pipeline && pipeline->contracts));  // a pipeline stage contracts its own places
+    // A pipeline stage contracts its own places; a rank that contracts
+    // nothing lays out no decoders.
+    const bool contracts = keeps || (pipeline && pipeline->contracts);
+    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions,
+                                                          contracts ? writes : std::vector<detail::DecoderWrites>{},
+                                                          errors, rec.embed, F, pipeline);
+    computer->set_contract(contracts);
     return computer;
   };
   const at::ScalarType adj_dt = prob_dt;
