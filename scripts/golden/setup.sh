@@ -53,9 +53,11 @@ if [ "$mode" = attribution ]; then
   # bench/attribution): it pins transformers <= 4.57.3 and runs on
   # transformer-lens 2.x, so both live in scripts/golden/.venv-ct.
   # pyarrow 21: the newest that still takes the numpy 1.26 transformer-lens 2.16 pins.
+  # nnsight 0.7.0 (and the cloudpickle 3 it imports from): circuit-tracer 0.5.0's nnsight
+  # backend (make_attribution_gemma3.py) imports nnsight.intervention.tracing, gone in 0.8.
   pinned_venv "$here/.venv-ct" \
-    "circuit-tracer==0.5.0 transformer-lens==2.16.1 transformers==4.57.3 pyarrow==21.0.0 torch==$torch_version" \
-    "import circuit_tracer, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((circuit_tracer.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__) != ('0.5.0', '2.16.1', '$torch_version', '4.57.3'))" \
+    "circuit-tracer==0.5.0 transformer-lens==2.16.1 transformers==4.57.3 pyarrow==21.0.0 nnsight==0.7.0 cloudpickle==3.1.1 torch==$torch_version" \
+    "import circuit_tracer, transformer_lens, importlib.metadata as m, torch, transformers, sys; sys.exit((circuit_tracer.__version__, m.version('transformer-lens'), torch.__version__.split('+')[0], transformers.__version__, m.version('nnsight'), m.version('cloudpickle')) != ('0.5.0', '2.16.1', '$torch_version', '4.57.3', '0.7.0', '3.1.1'))" \
     "torch"
   exit 0
 fi

@@ -1,0 +1,117 @@
+"""Golden Gemma 3 attribution graph from circuit-tracer 0.5.0 (tests/data/attribution).
+
+Run with the venv of `bash scripts/golden/setup.sh --attribution`:
+
+    PY=$(bash scripts/golden/setup.sh --attribution)
+    $PY scripts/golden/make_attribution_gemma3.py
+
+circuit-tracer's TransformerLens backend cannot take Gemma 3: TransformerLens
+2.16.1 has no Gemma3ForCausalLM (no weight conversion, no model name) and its
+config has one rotary_base for every layer and no RoPE scaling, where Gemma 3
+uses base 1e4 on its sliding layers and 1e6 with linear scaling on the full
+ones. Its nnsight backend (NNSightReplacementModel, nnsight 0.8.1 on
+Transformers 4.57.3) maps Gemma3ForCausalLM, so that backend makes this file.
+
+The model is tests/data/golden5/gemma3_text (7 layers, d 32, vocab 96, window
+6, one full layer), its config rewritten in Transformers 4.57's fields (the
+fixture's rope_parameters are 5.x's: rope_theta 1e6 with rope_scaling linear x8
+for the full layers, rope_local_base_freq 1e4). Transcoders: make_attribution.py's
+(seeded, skip, layer 1 JumpReLU, 16 features), reading mlp.hook_in (the
+pre-feedforward norm's output) and writing hook_mlp_out (after the
+post-feedforward norm), saved as SAELens folders with those hook names.
+
+  gemma3-transcoders/layer_{0..6}/   cfg.json + sae_weights.safetensors
+  gemma3-circuit-tracer.safetensors  as make_attribution.py's FAMILY file
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import save_file
+
+import circuit_tracer
+from circuit_tracer.attribution.attribute import attribute
+from circuit_tracer.graph import prune_graph
+from circuit_tracer.replacement_model.replacement_model_nnsight import NNSightReplacementModel
+from circuit_tracer.transcoder.single_layer_transcoder import TranscoderSet
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_attribution import BATCH, OUT, ROOT, IdTokenizer, transcoders  # noqa: E402
+
+assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
+
+MODEL = os.path.join(ROOT, "tests/data/golden5/gemma3_text")
+PROMPT = [2, 17, 42, 7, 91, 5, 11, 60, 33, 8]  # 2: the fixture's bos token; 10 tokens, past the window of 6
+
+
+def gemma3_model(tmp):
+    with open(os.path.join(MODEL, "config.json")) as f:
+        c = json.load(f)
+    rope = c.pop("rope_parameters")
+    assert rope["full_attention"]["rope_type"] == "linear" and rope["sliding_attention"]["rope_type"] == "default"
+    c["rope_theta"] = rope["full_attention"]["rope_theta"]
+    c["rope_scaling"] = {"rope_type": "linear", "factor": rope["full_attention"]["factor"]}
+    c["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    c["sliding_window_pattern"] = c.pop("_sliding_window_pattern")
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(c, f)
+    os.symlink(os.path.join(MODEL, "model.safetensors"), os.path.join(tmp, "model.safetensors"))
+    config = Gemma3TextConfig.from_pretrained(tmp)
+    config._attn_implementation = "eager"
+    hf = Gemma3ForCausalLM.from_pretrained(tmp, config=config, dtype=torch.float32, attn_implementation="eager").eval()
+    return config, hf
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        config, hf = gemma3_model(tmp)
+        d, n = config.hidden_size, config.num_hidden_layers
+        made, saelens = transcoders(d, n, "gemma3")
+        tset = TranscoderSet({i: t for i, t in enumerate(made.transcoders)}, feature_input_hook="mlp.hook_in",
+                             feature_output_hook="hook_mlp_out", scan="flexmodel-gemma3-fixture")
+        tok = IdTokenizer(PROMPT[0])
+        tok.vocab_size = config.vocab_size
+        model = NNSightReplacementModel(hf, tokenizer=tok, dispatch=True)
+        model._hf_config = config
+        model._configure_replacement_model(tset)
+        graph = attribute(torch.tensor(PROMPT), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
+        node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+
+    for layer, (c, tensors) in enumerate(saelens):
+        c["metadata"]["hook_name_out"] = f"blocks.{layer}.hook_mlp_out"
+        d_ = os.path.join(OUT, "gemma3-transcoders", f"layer_{layer}")
+        os.makedirs(d_, exist_ok=True)
+        with open(os.path.join(d_, "cfg.json"), "w") as f:
+            json.dump(c, f, indent=1)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d_, "sae_weights.safetensors"))
+        os.chmod(os.path.join(d_, "sae_weights.safetensors"), 0o644)
+    out = {
+        "input_ids": graph.input_tokens.to(torch.int64),
+        "active_features": graph.active_features.to(torch.int64).contiguous(),
+        "activation_values": graph.activation_values.float().contiguous(),
+        "selected_features": graph.selected_features.to(torch.int64),
+        "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets], dtype=torch.int64),
+        "logit_probabilities": graph.logit_probabilities.float(),
+        "adjacency": graph.adjacency_matrix.float().contiguous(),
+        "node_mask": node_mask.to(torch.uint8),
+        "edge_mask": edge_mask.to(torch.uint8).contiguous(),
+        "cumulative_scores": cumulative.float(),
+    }
+    path = os.path.join(OUT, "gemma3-circuit-tracer.safetensors")
+    import nnsight
+    import transformers
+    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "backend": "nnsight",
+                                   "nnsight": nnsight.__version__, "transformers": transformers.__version__,
+                                   "torch": torch.__version__, "batch_size": str(BATCH)})
+    os.chmod(path, 0o644)
+    print(f"gemma3: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
+          f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
