@@ -9,6 +9,8 @@
 //   - in memory with every feature, with a feature budget (the ranking is
 //     rank 0's, broadcast), and streamed (--max-memory, rows in rank 0's
 //     file only);
+//   - the same with the test data's cross-layer transcoders (features
+//     writing into both layers: both pipeline stages);
 //   - the other ranks return the same nodes and hold no rows;
 //   - a data-parallel mesh ("1,1,2") is refused with an error naming it.
 #include <flex/hooks/errors.h>
@@ -83,40 +85,47 @@ TEST_P(ParallelAttribution, RankZerosGraphIsTheOneProcessGraph) {
   po.dtype = at::kDouble;
   auto lm = flex::load_parallel_pretrained(dir, mesh(), po);
   const int64_t d = whole->config().hidden_size, L = whole->config().num_hidden_layers;
-  const auto tc = random_transcoders(d, L, fixture == "gpt2");
-  const at::Tensor ids = at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong);
+  // The random per-layer transcoders, then the test data's cross-layer
+  // transcoder (make_attribution_clt.py): its features write into both
+  // layers, so under pp into both stages.
+  for (const bool clt : {false, true}) {
+    const std::string clt_dir = flex_test::data_path("attribution/" + fixture + "-clt");
+    const flex::Transcoders tc = clt ? flex::load_attribution_transcoders(clt_dir, L)
+                                     : flex::Transcoders(random_transcoders(d, L, fixture == "gpt2"));
+    const at::Tensor ids = at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong);
 
-  struct Case {
-    std::string name;
-    flex::AttributionOptions o;
-  };
-  std::vector<Case> cases(3);
-  cases[0].name = "all features, batch 4";
-  cases[0].o.batch_size = 4;
-  cases[1].name = "8 features by influence, batch 2";
-  cases[1].o.batch_size = 2, cases[1].o.max_feature_nodes = 8, cases[1].o.update_interval = 1;
-  cases[2].name = "streamed (max_memory 200 MB)";
-  cases[2].o.batch_size = 4, cases[2].o.max_memory_bytes = 200'000'000;
-  for (const Case& c : cases) {
-    const std::string what = fixture + ", " + c.name;
-    const flex::AttributionGraph want = flex::attribute(*whole, tc, ids, c.o);
-    const flex::AttributionGraph got = flex::attribute(*lm, tc, ids, c.o);
-    ASSERT_GT(want.n_features(), 4) << what << ": too few active features for a check";
-    expect_same_nodes(got, want, what + " (rank " + std::to_string(mesh().rank()) + ")");
-    if (mesh().rank() != 0) {
-      EXPECT_FALSE(got.adjacency.defined()) << what << ": rank " << mesh().rank() << " holds the adjacency";
-      EXPECT_FALSE(got.is_streamed()) << what << ": rank " << mesh().rank() << " holds streamed rows";
-      continue;
+    struct Case {
+      std::string name;
+      flex::AttributionOptions o;
+    };
+    std::vector<Case> cases(3);
+    cases[0].name = "all features, batch 4";
+    cases[0].o.batch_size = 4;
+    cases[1].name = "8 features by influence, batch 2";
+    cases[1].o.batch_size = 2, cases[1].o.max_feature_nodes = 8, cases[1].o.update_interval = 1;
+    cases[2].name = "streamed (max_memory 200 MB)";
+    cases[2].o.batch_size = 4, cases[2].o.max_memory_bytes = 200'000'000;
+    for (const Case& c : cases) {
+      const std::string what = fixture + (clt ? " CLT, " : ", ") + c.name;
+      const flex::AttributionGraph want = flex::attribute(*whole, tc, ids, c.o);
+      const flex::AttributionGraph got = flex::attribute(*lm, tc, ids, c.o);
+      ASSERT_GT(want.n_features(), 4) << what << ": too few active features for a check";
+      expect_same_nodes(got, want, what + " (rank " + std::to_string(mesh().rank()) + ")");
+      if (mesh().rank() != 0) {
+        EXPECT_FALSE(got.adjacency.defined()) << what << ": rank " << mesh().rank() << " holds the adjacency";
+        EXPECT_FALSE(got.is_streamed()) << what << ": rank " << mesh().rank() << " holds streamed rows";
+        continue;
+      }
+      EXPECT_EQ(got.is_streamed(), c.o.max_memory_bytes > 0) << what;
+      const at::Tensor a = adjacency_of(got), e = adjacency_of(want);
+      ASSERT_EQ(a.sizes(), e.sizes()) << what;
+      const double scale = e.abs().max().item<double>();
+      const double diff = (a - e).abs().max().item<double>();
+      std::printf("[attribution %s] %s: %lld nodes, largest edge %.3g, largest difference %.3g (%.2g relative)\n",
+                  mesh().describe().c_str(), what.c_str(), static_cast<long long>(e.size(0)), scale, diff, diff / scale);
+      EXPECT_GT(scale, 0.0) << what;
+      EXPECT_TRUE(flex_test::close(a, e, 0, 1e-5 * scale)) << what << ": edges differ from the one-process graph";
     }
-    EXPECT_EQ(got.is_streamed(), c.o.max_memory_bytes > 0) << what;
-    const at::Tensor a = adjacency_of(got), e = adjacency_of(want);
-    ASSERT_EQ(a.sizes(), e.sizes()) << what;
-    const double scale = e.abs().max().item<double>();
-    const double diff = (a - e).abs().max().item<double>();
-    std::printf("[attribution %s] %s: %lld nodes, largest edge %.3g, largest difference %.3g (%.2g relative)\n",
-                mesh().describe().c_str(), what.c_str(), static_cast<long long>(e.size(0)), scale, diff, diff / scale);
-    EXPECT_GT(scale, 0.0) << what;
-    EXPECT_TRUE(flex_test::close(a, e, 0, 1e-5 * scale)) << what << ": edges differ from the one-process graph";
   }
 }
 
