@@ -173,7 +173,11 @@ Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
     for (int h = 0; h < 2; ++h) {
       int32_t s = 0;
       for (int k = 16 * h; k < 16 * h + 16; ++k) {
-        const int q = static_cast<int>(std::nearbyint(std::clamp(v[k] * inv, -127.0f, 127.0f)));
+        // Round to nearest even as nearbyint does, by adding and taking away
+        // 1.5 * 2^23 (exact for |r| <= 127), which the compiler vectorizes
+        // where nearbyint stays a call per value.
+        const float r = std::clamp(v[k] * inv, -127.0f, 127.0f);
+        const int q = static_cast<int>((r + 12582912.0f) - 12582912.0f);
         b.q[32 * i + k] = static_cast<int8_t>(q);
         s += q;
       }
