@@ -30,6 +30,12 @@ namespace {
 using detail::AttributionPlaces;
 using detail::LayerCoder;
 
+// The model's device: its token embedding's.
+at::Device model_device(const AttributionPlaces& p) {
+  for (const auto& t : p.embed->parameters()) return t.device();
+  return at::kCPU;
+}
+
 struct HookHandles {
   std::vector<HookHandle> handles;
   ~HookHandles() {
@@ -194,10 +200,12 @@ class RowComputer {
           rows.push_back(by[t][k]);
           flat.push_back(t * static_cast<int64_t>(slots) + static_cast<int64_t>(k));
         }
-      ld.columns = at::tensor(columns, at::kLong);
-      ld.flat = at::tensor(flat, at::kLong);
+      // Index lists on the decoders' device (the model's: a GPU's kernels take no CPU index).
+      const at::Device dev = w.rows.device();
+      ld.columns = at::tensor(columns, at::kLong).to(dev);
+      ld.flat = at::tensor(flat, at::kLong).to(dev);
       at::Tensor padded = at::zeros({T * static_cast<int64_t>(slots), d}, w.rows.options());
-      padded.index_copy_(0, ld.flat, w.rows.index_select(0, at::tensor(rows, at::kLong)));
+      padded.index_copy_(0, ld.flat, w.rows.index_select(0, at::tensor(rows, at::kLong).to(dev)));
       ld.decoders = padded.view({T, static_cast<int64_t>(slots), d}).transpose(1, 2).contiguous();  // [T, d, slots]
       groups_.push_back(std::move(ld));
     }
@@ -321,9 +329,17 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   if (context > 0 && T > context)
     throw ShapeError("attribution: the prompt's " + std::to_string(T) + " tokens are longer than the model's context of " +
                      std::to_string(context));
-  ids = ids.to(at::kLong).unsqueeze(0);
-  // Streamed (decision 45): what this call allocates is measured from here.
+  ids = ids.to(at::kCPU, at::kLong).unsqueeze(0);
+  // A model on a GPU (decision 49): the passes, transcoders and per-node
+  // vectors on its device; the nodes, rows and adjacency delivered on the CPU.
+  const at::Device dev = model_device(places);
+  const at::Tensor model_ids = ids.to(dev);
   const bool streamed = o.max_memory_bytes > 0;
+  if (!dev.is_cpu() && (streamed || ranks))
+    throw UnsupportedError(std::string("attribution: a model on ") + dev.str() + " runs in one process with its rows in memory: " +
+                           (streamed ? "max_memory_bytes (--max-memory) bounds what the CPU allocator counts, not device memory"
+                                     : "the parallel passes exchange CPU tensors"));
+  // Streamed (decision 45): what this call allocates is measured from here.
   std::optional<detail::CpuAllocationMeter> meter;
   if (streamed) meter.emplace();
 
@@ -331,7 +347,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const bool keeps = ranks == nullptr || ranks->keeps_rows();
   ParametersWithoutGrad constants(model);
 
-  Recorded rec = record_attribution_pass(places, ids, detail::reads_residual(transcoders));
+  Recorded rec = record_attribution_pass(places, model_ids, detail::reads_residual(transcoders));
   const AttributionPipeline* pipeline = ranks ? ranks->pipeline.get() : nullptr;
   if (pipeline) {  // every stage gets every layer's recording (the nodes are computed everywhere)
     pipeline->share_layers(rec.x);
@@ -343,7 +359,11 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   }
   const at::ScalarType dt = rec.embed.scalar_type();
   // Checked against the model and converted to its dtype.
-  const std::vector<LayerCoder> tw = detail::layer_coders(model, places, transcoders, dt);
+  const std::vector<LayerCoder> tw = [&] {
+    std::vector<LayerCoder> c = detail::layer_coders(model, places, transcoders, dt);
+    detail::move_coders(c, dev);
+    return c;
+  }();
   const int64_t L = static_cast<int64_t>(places.mlps.size());
 
   // Active features, what they write (decoder rows times activation, per
@@ -369,7 +389,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
       encoders.push_back(tw[l].W_enc.index_select(1, feat).t());
       const at::Tensor columns = at::arange(first, first + a.size(0), at::kLong);
       for (size_t k = 0; k < tw[l].W_dec.size(); ++k)
-        writes.push_back({l + static_cast<int64_t>(k), columns, tw[l].W_dec[k].index_select(0, feat).to(a.scalar_type()) * a.unsqueeze(1)});
+        writes.push_back({l + static_cast<int64_t>(k), columns, tw[l].W_dec[k].index_select(0, feat.to(tw[l].W_dec[k].device())).to(a.options()) * a.unsqueeze(1)});
       first += a.size(0);
     }
     for (int64_t l = 0; l < L; ++l) {
@@ -382,10 +402,11 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   g.n_layers = L;
   g.n_pos = T;
   g.input_ids = ids[0].clone();
-  const at::Tensor layers = at::cat(f_layer), positions = at::cat(f_pos);
+  // Node lists on the CPU (read element by element below; what the graph delivers).
+  const at::Tensor layers = at::cat(f_layer).cpu(), positions = at::cat(f_pos).cpu();
   g.active_features = at::stack({layers, positions, at::cat(f_idx)}, 1);
-  g.activations = at::cat(f_act);
-  g.pre_activations = at::cat(f_pre);
+  g.activations = at::cat(f_act).cpu();
+  g.pre_activations = at::cat(f_pre).cpu();
   const at::Tensor encoder_vecs = at::cat(encoders);
   // One copy of the encoder rows, and no [T, d_sae] activations, through
   // the passes (at 4096 tokens, 4 x d_sae 4096: ~0.7 GB; decision 45).
@@ -400,11 +421,11 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   const at::Tensor cum = at::cumsum(top_p, 0);
   const int64_t cutoff = std::min<int64_t>(
       at::searchsorted(cum, at::scalar_tensor(o.desired_logit_prob, cum.options())).item<int64_t>() + 1, top_p.size(0));
-  g.logit_tokens = top_idx.narrow(0, 0, cutoff).clone();
-  g.logit_probabilities = top_p.narrow(0, 0, cutoff).clone();
+  g.logit_tokens = top_idx.narrow(0, 0, cutoff).cpu().clone();
+  g.logit_probabilities = top_p.narrow(0, 0, cutoff).cpu().clone();
   const int64_t K = cutoff;
   const at::Tensor W_U = places.unembedding().to(dt);
-  const at::Tensor logit_vecs = W_U.index_select(0, g.logit_tokens) - W_U.mean(0, /*keepdim=*/true);
+  const at::Tensor logit_vecs = W_U.index_select(0, top_idx.narrow(0, 0, cutoff)) - W_U.mean(0, /*keepdim=*/true);
 
   const int64_t n_visit = o.max_feature_nodes < 0 ? F : std::min(o.max_feature_nodes, F);
   const int64_t B = std::max<int64_t>(1, std::min(o.batch_size, std::max(n_visit, K)));
@@ -412,7 +433,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
     // A pipeline stage contracts its own places; a rank that contracts
     // nothing lays out no decoders.
     const bool contracts = keeps || (pipeline && pipeline->contracts);
-    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, ids, batch), positions,
+    auto computer = std::make_unique<detail::RowComputer>(replacement_pass(places, tw, model_ids, batch), positions,
                                                           contracts ? writes : std::vector<detail::DecoderWrites>{},
                                                           errors, rec.embed, F, pipeline);
     computer->set_contract(contracts);
@@ -479,7 +500,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   auto store = [&](int64_t first, const at::Tensor& r) {
     if (!keeps) return;
     if (streamed) edge_file->append(r);
-    else edge.narrow(0, first, r.size(0)).copy_(r);
+    else edge.narrow(0, first, r.size(0)).copy_(r);  // from the model's device
   };
   std::vector<int64_t> row_node(n_visit + K);  // node index of each row in the unselected numbering
   for (int64_t i = 0; i < K; i += step) {

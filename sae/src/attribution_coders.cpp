@@ -89,6 +89,17 @@ std::vector<LayerCoder> layer_coders(Module& model, const AttributionPlaces& pla
   return out;
 }
 
+void move_coders(std::vector<LayerCoder>& coders, const at::Device& device) {
+  auto move = [&](at::Tensor& t) {
+    if (t.defined() && t.device() != device) t = t.to(device);
+  };
+  for (LayerCoder& c : coders) {
+    move(c.W_enc), move(c.b_enc), move(c.in_shift), move(c.threshold), move(c.b_dec), move(c.W_skip);
+    if (!c.sparse_decode)
+      for (at::Tensor& w : c.W_dec) move(w);
+  }
+}
+
 bool reads_residual(const Transcoders& t) { return t.cross_layer && t.cross_layer->input_hook == "hook_resid_mid"; }
 
 at::Tensor reconstruction(const std::vector<LayerCoder>& coders, const std::vector<at::Tensor>& acts, int64_t l,
@@ -101,7 +112,9 @@ at::Tensor reconstruction(const std::vector<LayerCoder>& coders, const std::vect
     if (coders[l0].sparse_decode) {
       const at::Tensor nz = acts[l0].nonzero();  // [n, 2] (pos, feature)
       const at::Tensor pos = nz.select(1, 0), feat = nz.select(1, 1);
-      const at::Tensor rows = coders[l0].W_dec[k].index_select(0, feat).to(acts[l0].scalar_type()) *
+      // The stored decoders may sit elsewhere (a mapped file on the CPU for a model on a GPU).
+      const at::Tensor& w = coders[l0].W_dec[k];
+      const at::Tensor rows = w.index_select(0, feat.to(w.device())).to(acts[l0].options()) *
                               acts[l0].index({pos, feat}).unsqueeze(1);
       part = at::zeros({acts[l0].size(0), rows.size(1)}, acts[l0].options()).index_add_(0, pos, rows);
     } else {

@@ -38,6 +38,10 @@ struct LayerCoder {
 /// width does not fit), then gives one LayerCoder per layer in dtype `dt`.
 std::vector<LayerCoder> layer_coders(Module& model, const AttributionPlaces& places, const Transcoders& t, at::ScalarType dt);
 
+/// Moves every coder's tensors to `device` (the model's), except a CLT's
+/// stored decoders (sparse_decode: their active rows are moved when read).
+void move_coders(std::vector<LayerCoder>& coders, const at::Device& device);
+
 /// Whether the encoders read the residual stream before each MLP's norm
 /// (circuit-tracer's hook_resid_mid) rather than the MLP input.
 bool reads_residual(const Transcoders& t);

@@ -95,13 +95,15 @@ at::ScalarType weight_dtype(CausalLM& model) {
   return at::isFloatingType(dt) ? dt : at::kFloat;
 }
 
-at::Tensor one_prompt(const at::Tensor& input_ids, const char* what) {
+// The prompt as int64 on the model's device (its token embedding's): the
+// passes run there; what intervene returns comes back to the CPU.
+at::Tensor one_prompt(CausalLM& model, const at::Tensor& input_ids, const char* what) {
   at::Tensor ids = input_ids;
   if (ids.dim() == 2 && ids.size(0) == 1) ids = ids[0];
   if (ids.dim() != 1 || ids.size(0) == 0)
     throw ShapeError(std::string(what) + ": input_ids must be one non-empty prompt ([T] or [1, T]), not of shape " +
                      c10::str(input_ids.sizes()));
-  return ids.to(at::kLong);
+  return ids.to(model.input_embeddings()->weight.device(), at::kLong);
 }
 
 // The model with the interventions hooked in while it lives: patterns (when
@@ -114,8 +116,11 @@ class Intervened {
     const int64_t T = ids.size(0);
     const detail::AttributionPlaces places = detail::attribution_places(model);
     const int64_t L = static_cast<int64_t>(places.mlps.size());
-    auto coders = std::make_shared<const std::vector<detail::LayerCoder>>(
-        detail::layer_coders(model, places, transcoders, weight_dtype(model)));
+    auto coders = std::make_shared<const std::vector<detail::LayerCoder>>([&] {
+      std::vector<detail::LayerCoder> c = detail::layer_coders(model, places, transcoders, weight_dtype(model));
+      detail::move_coders(c, ids.device());
+      return c;
+    }());
     const auto layers = by_layer(interventions, T, L, *coders);
     at::NoGradGuard no_grad;
     if (frozen_attention && !layers.empty()) {
@@ -175,7 +180,8 @@ class Intervened {
               for (size_t k = 0; k < c.W_dec.size(); ++k) {
                 at::Tensor& p = (*pending)[l + static_cast<int64_t>(k)];
                 if (!p.defined()) p = at::zeros_like(y);
-                p.select(1, iv.pos).add_((target - a).unsqueeze(-1) * c.W_dec[k][iv.feature].to(dt));
+                // .to(x.options()): a CLT's stored decoders may sit on the CPU.
+                p.select(1, iv.pos).add_((target - a).unsqueeze(-1) * c.W_dec[k][iv.feature].to(x.options()));
               }
             }
           }));
@@ -203,16 +209,16 @@ class Intervened {
 
 at::Tensor intervene(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                      bool frozen_attention) {
-  const at::Tensor ids = one_prompt(input_ids, "intervene");
+  const at::Tensor ids = one_prompt(model, input_ids, "intervene");
   Intervened hooked(model, transcoders, ids, interventions, frozen_attention);
   at::NoGradGuard no_grad;
-  return model.logits(ids.unsqueeze(0))[0];
+  return model.logits(ids.unsqueeze(0))[0].cpu();
 }
 
 at::Tensor intervene_generate(CausalLM& model, const Transcoders& transcoders, const at::Tensor& input_ids, const std::vector<FeatureIntervention>& interventions,
                               int64_t max_new_tokens, bool frozen_attention, at::Tensor* step_logits) {
   if (max_new_tokens < 1) throw ConfigError("intervene_generate: max_new_tokens must be at least 1, not " + std::to_string(max_new_tokens));
-  at::Tensor ids = one_prompt(input_ids, "intervene_generate");
+  at::Tensor ids = one_prompt(model, input_ids, "intervene_generate");
   const int64_t context = model.config().max_position_embeddings;
   if (context > 0 && ids.size(0) + max_new_tokens > context)
     throw ShapeError("intervene_generate: " + std::to_string(ids.size(0)) + " prompt tokens + " +
@@ -224,8 +230,8 @@ at::Tensor intervene_generate(CausalLM& model, const Transcoders& transcoders, c
     steps.push_back(model.logits(ids.unsqueeze(0))[0][-1]);
     ids = at::cat({ids, steps.back().argmax().view({1})});
   }
-  if (step_logits) *step_logits = at::stack(steps);
-  return ids;
+  if (step_logits) *step_logits = at::stack(steps).cpu();
+  return ids.cpu();
 }
 
 }  // namespace flex
