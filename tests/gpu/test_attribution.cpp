@@ -68,8 +68,12 @@ TEST_P(AttributionOnGpu, GraphEqualsTheCpuGraph) {
                                 {got.selected_features, "selected_features"}, {got.logit_tokens, "logit_tokens"},
                                 {got.logit_probabilities, "logit_probabilities"}, {got.adjacency, "adjacency"}})
     EXPECT_TRUE(on_cpu(t, what)) << c.name;
-  if (!tc.per_layer.empty()) EXPECT_TRUE(on_cpu(tc.per_layer[0]->W_enc, "the caller's transcoder")) << c.name;
-  if (tc.cross_layer) EXPECT_TRUE(on_cpu(tc.cross_layer->W_dec[0], "the caller's CLT decoders")) << c.name;
+  if (!tc.per_layer.empty()) {
+    EXPECT_TRUE(on_cpu(tc.per_layer[0]->W_enc, "the caller's transcoder")) << c.name;
+  }
+  if (tc.cross_layer) {
+    EXPECT_TRUE(on_cpu(tc.cross_layer->W_dec[0], "the caller's CLT decoders")) << c.name;
+  }
 
   ASSERT_TRUE(flex_test::equal(got.active_features, want.active_features)) << c.name;
   ASSERT_TRUE(flex_test::equal(got.selected_features, want.selected_features)) << c.name;
