@@ -30,9 +30,14 @@ namespace {
 using detail::AttributionPlaces;
 using detail::LayerCoder;
 
-// The model's device: its token embedding's.
+// The model's device: its token embedding's (on a later pipeline stage the
+// embedding is on meta, never called: its own blocks' then).
 at::Device model_device(const AttributionPlaces& p) {
-  for (const auto& t : p.embed->parameters()) return t.device();
+  for (const auto& t : p.embed->parameters())
+    if (!t.is_meta()) return t.device();
+  for (const auto& m : p.mlps)
+    for (const auto& t : m->parameters())
+      if (!t.is_meta()) return t.device();
   return at::kCPU;
 }
 
