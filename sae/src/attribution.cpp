@@ -32,13 +32,26 @@ using detail::LayerCoder;
 
 // The model's device: its token embedding's (on a later pipeline stage the
 // embedding is on meta, never called: its own blocks' then).
-at::Device model_device(const AttributionPlaces& p) {
+at::Device first_device(const AttributionPlaces& p) {
   for (const auto& t : p.embed->parameters())
     if (!t.is_meta()) return t.device();
   for (const auto& m : p.mlps)
     for (const auto& t : m->parameters())
       if (!t.is_meta()) return t.device();
   return at::kCPU;
+}
+
+// ... and every other parameter's: a model split over devices (a device map
+// with GPU and CPU layers) is refused, since the transcoders and per-node
+// vectors live on one. Meta parameters (offloaded at rest, another stage's) do not count.
+at::Device model_device(Module& model, const AttributionPlaces& p) {
+  const at::Device dev = first_device(p);
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    if (!item.value().is_meta() && item.value().device() != dev)
+      throw UnsupportedError("attribution: the model's parameters are on " + dev.str() + " and " +
+                             item.value().device().str() + " (" + item.key() +
+                             "): attribution runs a model that lives on one device");
+  return dev;
 }
 
 struct HookHandles {
@@ -337,7 +350,7 @@ AttributionGraph attribute_on(Module& model, int64_t context, const AttributionP
   ids = ids.to(at::kCPU, at::kLong).unsqueeze(0);
   // A model on a GPU (decision 49): the passes, transcoders and per-node
   // vectors on its device; the nodes, rows and adjacency delivered on the CPU.
-  const at::Device dev = model_device(places);
+  const at::Device dev = model_device(model, places);
   const at::Tensor model_ids = ids.to(dev);
   const bool streamed = o.max_memory_bytes > 0;
   if (!dev.is_cpu() && (streamed || ranks))

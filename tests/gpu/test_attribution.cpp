@@ -10,7 +10,7 @@
 // same active and selected features and logit tokens; activations and every
 // edge within 1e-4 of the largest (float32, another matmul kernel);
 // interventions' logits and greedy tokens the CPU's; --max-memory (streamed
-// rows) on a GPU model an UnsupportedError.
+// rows) on a GPU model and a model split over the GPU and the CPU: UnsupportedError.
 #include "gpu_util.h"
 
 #include <flex/dispatch/safetensors.h>
@@ -89,6 +89,10 @@ TEST_P(AttributionOnGpu, GraphEqualsTheCpuGraph) {
     AttributionOptions streamed = o;
     streamed.max_memory_bytes = int64_t{200} << 20;
     EXPECT_THROW(attribute(*gpu, tc, ids, streamed), UnsupportedError) << c.name;
+    // A model split over the GPU and the CPU: refused, naming both.
+    const std::string blocks = gpu->base_model_prefix() == "transformer" ? "transformer.h." : "model.layers.";
+    gpu->get_submodule(blocks + std::to_string(gpu->config().num_hidden_layers - 1) + ".mlp")->to(at::kCPU);
+    EXPECT_THROW(attribute(*gpu, tc, ids, o), UnsupportedError) << c.name;
   }
 }
 
