@@ -28,11 +28,14 @@
 //
 // Supported: GPT-2 (GPT2LMHeadModel) and the pre-norm decoder family
 // (Llama, Mistral, Qwen2, Qwen3, Phi-3: DecoderModel without MoE; Qwen3's
-// q/k norms feed only the frozen pattern) and Gemma 2 (the transcoder stands
+// q/k norms feed only the frozen pattern), Gemma 2 (the transcoder stands
 // in for the MLP and its post norm, as circuit-tracer's hook_mlp_out sits
 // after it; a logit target is the logit before the final soft cap, the
-// probabilities after it), on
-// the CPU, one process. Others: UnsupportedError.
+// probabilities after it) and Gemma 3 (Gemma 2's places; its q/k norms and
+// per-layer RoPE feed only the frozen pattern). The model may live on one
+// GPU: the passes run there, transcoders moved for the call, the graph
+// returned on the CPU (a model split over devices, or on a GPU with
+// max_memory_bytes: UnsupportedError). Others: UnsupportedError.
 #include <flex/models/causal_lm.h>
 #include <flex/sae/cross_layer_transcoder.h>
 #include <flex/sae/sparse_dictionary.h>
