@@ -23,7 +23,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <map>
@@ -44,6 +47,25 @@ struct Gemma3Attention {
   int64_t window = 0;
   double full_theta = 1e6, full_linear_factor = 1.0, sliding_theta = 1e4;
   double query_pre_attn_scalar = 256;
+
+  /// Read from a Gemma 3 config.json in Transformers 5's fields (layer_types,
+  /// rope_parameters per layer type: full linear-scaled, sliding default).
+  static Gemma3Attention from_config(const std::string& config_json) {
+    std::ifstream in(config_json);
+    if (!in) throw std::runtime_error("attribution reference: cannot read " + config_json);
+    const nlohmann::json cfg = nlohmann::json::parse(in);
+    Gemma3Attention g;
+    for (const auto& t : cfg.at("layer_types")) g.sliding.push_back(t.get<std::string>() == "sliding_attention");
+    g.window = cfg.at("sliding_window").get<int64_t>();
+    g.query_pre_attn_scalar = cfg.at("query_pre_attn_scalar").get<double>();
+    const auto& rope = cfg.at("rope_parameters");
+    if (rope.at("full_attention").at("rope_type") != "linear" || rope.at("sliding_attention").at("rope_type") != "default")
+      throw std::runtime_error("attribution reference: Gemma 3 RoPE written for linear (full) and default (sliding) only");
+    g.full_theta = rope.at("full_attention").at("rope_theta").get<double>();
+    g.full_linear_factor = rope.at("full_attention").at("factor").get<double>();
+    g.sliding_theta = rope.at("sliding_attention").at("rope_theta").get<double>();
+    return g;
+  }
 };
 
 struct ReferenceSources {
@@ -180,8 +202,9 @@ class AttributionReference {
   /// plain forward (norms recomputed, real MLPs), each edited layer's MLP
   /// output plus (target - a) W_dec[feature] at the edit's position, a the
   /// activation from this pass's MLP input. frozen_patterns: the clean
-  /// run's attention patterns; else recomputed from this pass (GPT-2 only:
-  /// causal softmax of q k^T / sqrt(D)). Returns the logits [T, V].
+  /// run's attention patterns; else recomputed from this pass (GPT-2:
+  /// causal softmax of q k^T / sqrt(D); Gemma 3 with Gemma3Attention: its
+  /// pattern as written out here). Returns the logits [T, V].
   at::Tensor edited_logits(const std::vector<Edit>& edits, bool frozen_patterns) {
     at::Tensor h = sources.embed;
     if (gpt2_) h = h + w("transformer.wpe.weight").narrow(0, 0, T_);
@@ -190,7 +213,7 @@ class AttributionReference {
     for (int64_t l = 0; l < L_; ++l) {
       const std::string b = (gpt2_ ? "transformer.h." : "model.layers.") + std::to_string(l);
       const at::Tensor a_in = norm(h, b + (gpt2_ ? ".ln_1" : ".input_layernorm"), inv, true);
-      const at::Tensor attn = attention(a_in, l, frozen_patterns ? probs_[l] : gpt2_pattern(a_in, l));
+      const at::Tensor attn = attention(a_in, l, frozen_patterns ? probs_[l] : own_patterns_ ? gemma3_pattern(a_in, l) : gpt2_pattern(a_in, l));
       h = h + (gemma2_ ? norm(attn, b + ".post_attention_layernorm", inv, true) : attn);
       const at::Tensor x = norm(h, b + mlp_norm(), inv, true);
       at::Tensor out = gemma2_ ? norm(mlp(x, l), b + ".post_feedforward_layernorm", inv, true) : mlp(x, l);

@@ -252,16 +252,7 @@ TEST(Attribution, Qwen3EdgesEqualTheFrozenReplacementsDifferences) {
 // sliding window hides the first keys of the last queries.
 TEST(Attribution, Gemma3EdgesEqualTheFrozenReplacementsDifferences) {
   const std::string dir = flex_test::data_path("golden5/gemma3_text");
-  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
-  flex_test::Gemma3Attention g3;
-  for (const auto& t : cfg.at("layer_types")) g3.sliding.push_back(t.get<std::string>() == "sliding_attention");
-  g3.window = cfg.at("sliding_window").get<int64_t>();
-  g3.query_pre_attn_scalar = cfg.at("query_pre_attn_scalar").get<double>();
-  const auto& rope = cfg.at("rope_parameters");
-  g3.full_theta = rope.at("full_attention").at("rope_theta").get<double>();
-  ASSERT_EQ(rope.at("full_attention").at("rope_type"), "linear");
-  g3.full_linear_factor = rope.at("full_attention").at("factor").get<double>();
-  g3.sliding_theta = rope.at("sliding_attention").at("rope_theta").get<double>();
+  const auto g3 = flex_test::Gemma3Attention::from_config(dir + "/config.json");
   ASSERT_EQ(std::count(g3.sliding.begin(), g3.sliding.end(), false), 1);
   auto m = load_pretrained(dir, at::kDouble);
   ASSERT_EQ(m->class_name(), "Gemma3ForCausalLM");

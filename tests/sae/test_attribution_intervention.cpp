@@ -55,13 +55,14 @@ std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, in
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }
 
-void check(const std::string& name, bool frozen) {
-  auto m = model(name);
+void check(const std::string& name, bool frozen, std::shared_ptr<CausalLM> m = nullptr, const at::Tensor& ids = prompt(),
+           const flex_test::Gemma3Attention* gemma3 = nullptr) {
+  if (!m) m = model(name);
   auto tc = transcoders(*m);
-  flex_test::AttributionReference ref(*m, tc, prompt(), /*zero_first=*/false);
+  flex_test::AttributionReference ref(*m, tc, ids, /*zero_first=*/false, gemma3);
   // An active feature of layer 0 at position 2 switched off, an inactive one
   // of the last layer at position 4 switched on, an active one scaled.
-  const int64_t L = m->config().num_hidden_layers, T = prompt().size(0);
+  const int64_t L = m->config().num_hidden_layers, T = ids.size(0);
   const at::Tensor a0 = ref.sources.acts[0][2], aL = ref.sources.acts[L - 1][4], a1 = ref.sources.acts[0][5];
   ASSERT_GT(a0.gt(0).sum().item<int64_t>(), 0) << name;
   ASSERT_GT(aL.eq(0).sum().item<int64_t>(), 0) << name;
@@ -71,7 +72,7 @@ void check(const std::string& name, bool frozen) {
   const int64_t on1 = a1.gt(0).nonzero()[0][0].item<int64_t>();
   const std::vector<FeatureIntervention> ivs = {
       {0, 2, on0, 0.0, false}, {L - 1, 4 - T, offL, 3.0, false}, {0, 5, on1, 2.5, true}};
-  const at::Tensor got = intervene(*m, tc, prompt(), ivs, frozen);
+  const at::Tensor got = intervene(*m, tc, ids, ivs, frozen);
   const at::Tensor want = ref.edited_logits({{0, 2, on0, 0.0}, {L - 1, 4, offL, 3.0}, {0, 5, on1, 2.5, true}}, frozen);
   const at::Tensor clean = ref.edited_logits({}, true);
   const double moved = (want - clean).abs().max().item<double>();
@@ -93,6 +94,16 @@ TEST(AttributionIntervention, LlamaFrozenAttentionMatchesTheReference) { check("
 TEST(AttributionIntervention, Gpt2UnfrozenMatchesTheReference) { check("gpt2", false); }
 // Gemma 2: the edit lands after the post-MLP norm (circuit-tracer's hook_mlp_out); logits soft-capped.
 TEST(AttributionIntervention, Gemma2FrozenAttentionMatchesTheReference) { check("gemma2", true); }
+// Gemma 3 (golden5/gemma3_text, 7 layers): frozen, and unfrozen with the
+// reference recomputing the pattern itself (q/k norms, RoPE per layer type,
+// the sliding window; Gemma3Attention from the config).
+void check_gemma3(bool frozen) {
+  const std::string dir = flex_test::data_path("golden5/gemma3_text");
+  const auto g3 = flex_test::Gemma3Attention::from_config(dir + "/config.json");
+  check("gemma3", frozen, load_pretrained(dir, at::kDouble), at::tensor({2, 17, 42, 7, 91, 5, 11, 60}, at::kLong), &g3);
+}
+TEST(AttributionIntervention, Gemma3FrozenAttentionMatchesTheReference) { check_gemma3(true); }
+TEST(AttributionIntervention, Gemma3UnfrozenMatchesTheReference) { check_gemma3(false); }
 
 TEST(AttributionIntervention, FreezingTheAttentionMatters) {
   auto m = model("gpt2");
