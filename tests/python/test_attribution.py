@@ -143,6 +143,23 @@ def test_generation_equals_circuit_tracers_feature_intervention_generate(family)
     assert_close(steps, theirs, 1e-5 * theirs.abs().max().item(), f"{family} step logits")
 
 
+def test_gemma3_graph_equals_circuit_tracers_nnsight_backend():
+    # scripts/golden/make_attribution_gemma3.py: circuit-tracer 0.5.0's nnsight backend, whose
+    # token columns are the direct effects over sqrt(d) (it values a token at the unscaled
+    # embedding row): ours divided by the model's float32 sqrt(32) before comparing.
+    m = flexmodel.from_pretrained(DATA.parent / "golden5" / "gemma3_text")
+    gold = load_file(str(ATTR / "gemma3-circuit-tracer.safetensors"))
+    g = flexmodel.attribute(m, ATTR / "gemma3-transcoders", gold["input_ids"], batch_size=16)
+    assert torch.equal(g["active_features"], gold["active_features"])
+    assert torch.equal(g["logit_tokens"], gold["logit_tokens"])
+    adj = g["adjacency"].clone()
+    n_feat, T = g["selected_features"].numel(), gold["input_ids"].numel()
+    tokens = n_feat + m.config["num_hidden_layers"] * T
+    adj[:, tokens:tokens + T] /= torch.tensor(32.0).sqrt().item()
+    theirs = gold["adjacency"]
+    assert_close(adj, theirs, 1e-4 * theirs.abs().max().item(), "gemma3 adjacency")
+
+
 def test_gemma3_takes_transcoders_of_its_width_only():
     # Gemma 3 is attributed (its graph checked against the float64 reference in
     # sae_attribution); a transcoder of another model's width is a ShapeError naming it.
