@@ -113,6 +113,36 @@ def random_blocks(rng, qtype, rows, cols):
     return raw.reshape(rows, cols // block * size)
 
 
+def write_and_close(w):
+    """Header, metadata, tensors: what every GGUF written here ends with."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def add_placeholder_vocab(w, n_vocab):
+    """A model file's stand-in vocabulary (the tests feed ids): <tN> pieces, bos 1, eos 2."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(n_vocab)])
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([gguf.TokenType.NORMAL] * n_vocab)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+def randomize(model, seed=None):
+    """Weights drawn N(0, 0.3) (larger than the 0.02 init, so the logits differ
+    visibly between layouts); seed: set just before the draw."""
+    import torch
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
 def write_types(rng):
     path = os.path.join(OUT, "types.gguf")
     w = gguf.GGUFWriter(path, "flextest")
@@ -152,10 +182,7 @@ def write_types(rng):
         name = qt.name.lower() + ".unsupported"
         w.add_tensor(name, random_blocks(rng, qt, 2, 256), raw_dtype=qt)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     save_file({k: np.ascontiguousarray(v) for k, v in refs.items()}, os.path.join(OUT, "types.dequant.safetensors"))
     describe(path, os.path.join(OUT, "types.metadata.json"))
 
@@ -190,10 +217,7 @@ def write_fuzz_seeds(rng):
     # Metadata only.
     w = gguf.GGUFWriter(os.path.join(out, "metadata.gguf"), "flextest")
     add_all_value_types(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     # A few small tensors of several types, default alignment.
     w = gguf.GGUFWriter(os.path.join(out, "tensors.gguf"), "llama")
     w.add_uint32("llama.block_count", 1)
@@ -203,10 +227,7 @@ def write_fuzz_seeds(rng):
     w.add_tensor("q8_0", random_blocks(rng, T.Q8_0, 1, 32), raw_dtype=T.Q8_0)
     w.add_tensor("q4_k", random_blocks(rng, T.Q4_K, 1, 256), raw_dtype=T.Q4_K)
     w.add_tensor("q6_k", random_blocks(rng, T.Q6_K, 1, 256), raw_dtype=T.Q6_K)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
 
 
 def field_value(field):
@@ -303,12 +324,7 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
     if vocab is not None:
         add_bpe_vocab(w, *vocab)
     else:
-        w.add_tokenizer_model("llama")
-        w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
-        w.add_token_scores([0.0] * cfg.vocab_size)
-        w.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+        add_placeholder_vocab(w, cfg.vocab_size)
     names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
     per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -352,10 +368,7 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
         if gemma_norm:
             d = (d - np.float32(1.0)).astype(np.float32)
         back[name] = np.ascontiguousarray(d)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     return back
 
 
@@ -367,10 +380,7 @@ def write_llama_tiny():
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                       rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # larger than the 0.02 init, so the logits differ visibly between layouts
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    model = randomize(LlamaForCausalLM(cfg))
     folder = os.path.join(OUT, "llama-tiny")
     model.save_pretrained(folder, safe_serialization=True)
 
@@ -390,10 +400,7 @@ def write_llama_tiny():
 
     # Tied embeddings.
     tcfg = LlamaConfig(**{**cfg.to_dict(), "tie_word_embeddings": True})
-    tmodel = LlamaForCausalLM(tcfg).eval()
-    with torch.no_grad():
-        for p in tmodel.parameters():
-            p.normal_(0.0, 0.3)
+    tmodel = randomize(LlamaForCausalLM(tcfg))
     back = write_llama_gguf(os.path.join(OUT, "llama-tiny-tied-q8_0.gguf"), tcfg, tmodel, quantize=True)
     assert "lm_head.weight" not in back
     qt = LlamaForCausalLM(tcfg).eval()
@@ -427,10 +434,7 @@ def write_tiny_q8_0(arch, seed, config_class, model_class, tied, check, **config
     torch.manual_seed(seed)
     cfg = config_class(vocab_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=64, tie_word_embeddings=tied, **config)
-    model = model_class(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    model = randomize(model_class(cfg))
     back = write_llama_gguf(os.path.join(OUT, f"{arch}-tiny-q8_0.gguf"), cfg, model, quantize=True, arch=arch)
     assert any(k.endswith(check) for k in back), check
     q = model_class(cfg).eval()
@@ -472,11 +476,7 @@ def write_llama_mixed(rng):
     cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    torch.manual_seed(54)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    model = randomize(LlamaForCausalLM(cfg), 54)
     path = os.path.join(OUT, "llama-mixed.gguf")
     w = gguf.GGUFWriter(path, "llama")
     add_decoder_hparams(w, "llama-mixed", cfg, 10000.0)
@@ -518,10 +518,7 @@ def write_llama_mixed(rng):
         elif sub == "self_attn.k_proj":
             d = gguf_to_hf_permute(d, cfg.num_key_value_heads)
         back[name] = np.ascontiguousarray(d)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     q = LlamaForCausalLM(cfg).eval()
     q.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
     out = {}
@@ -604,10 +601,7 @@ def write_vocab_gguf(path, *vocab):
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("flexmodel gguf vocabulary")
     add_bpe_vocab(w, *vocab)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
 
 
 def write_vocab_ggufs():
@@ -640,10 +634,7 @@ def write_vocab_ggufs():
                       num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                       rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, tie_word_embeddings=True,
                       bos_token_id=l3.token_to_id("<|endoftext|>"), eos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    model = randomize(LlamaForCausalLM(cfg))
     back = write_llama_gguf(os.path.join(OUT, "llama-bpe-tiny-q8_0.gguf"), cfg, model, quantize=True,
                             vocab=(l3, l3m, "llama-bpe", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, True))
     qm = LlamaForCausalLM(cfg).eval()

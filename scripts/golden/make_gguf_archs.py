@@ -36,8 +36,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 from safetensors.numpy import save_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "tests", "data", "gguf")
+from make_gguf import OUT, ROOT, add_decoder_hparams, add_placeholder_vocab, randomize, write_and_close
 
 IDS = [[1, 7, 19, 42, 3, 63, 0, 25, 11, 8]]  # longer than the window of 4
 
@@ -117,13 +116,7 @@ def write_file(path, arch, hparams, tensors):
     w = gguf.GGUFWriter(path, arch)
     hparams(w)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    n_vocab = next(x.shape[0] for g, x, _ in tensors if g == "token_embd.weight")
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(n_vocab)])
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types([gguf.TokenType.NORMAL] * n_vocab)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_placeholder_vocab(w, next(x.shape[0] for g, x, _ in tensors if g == "token_embd.weight"))
     read = {}
     for g, x, _ in tensors:
         if x.ndim >= 2 and x.shape[-1] % 32 == 0 and not g.endswith(KEEP_F32):
@@ -133,10 +126,7 @@ def write_file(path, arch, hparams, tensors):
         else:
             w.add_tensor(g, x)
             read[g] = x
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     back = {}
     for g, _, inverse in tensors:
         for name, f in (inverse or {}).items():
@@ -173,26 +163,10 @@ def golden(arch, model_class, cfg, back, tied):
               os.path.join(OUT, f"{arch}-tiny-q8_0.logits.safetensors"), metadata={"capture": CAPTURED[arch]})
 
 
-def randomize(model, seed):
-    import torch
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model.eval()
-
-
 def decoder_hparams(cfg, arch_extra=None, head_dim=None, rope_base=None):
     def h(w):
-        w.add_name(f"{w.arch}-tiny")
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(cfg.num_key_value_heads)
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        w.add_rope_freq_base(rope_base if rope_base is not None else cfg.rope_parameters["rope_theta"])
+        add_decoder_hparams(w, f"{w.arch}-tiny", cfg,
+                            rope_base if rope_base is not None else cfg.rope_parameters["rope_theta"])
         if head_dim:
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
@@ -440,10 +414,7 @@ def write_fuzz_seed():
     w.add_tensor("blk.0.ffn_gate_exps.weight",
                  gguf.quants.quantize(rng.standard_normal((2, 2, 32)).astype(np.float32), T.Q8_0), raw_dtype=T.Q8_0)
     w.add_tensor("blk.0.ffn_gate_inp.weight", rng.standard_normal((2, 32)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
 
 
 def main():

@@ -28,8 +28,8 @@ import shutil
 
 import gguf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "tests", "data", "gguf")
+from make_gguf import OUT, ROOT, write_and_close
+
 SP = "\u2581"
 
 CORPUS = ("the quick brown fox jumps over the lazy dog . hello world , hello there ! the world is wide and the "
@@ -86,39 +86,53 @@ def spm_vocab():
     return tokens, scores, types
 
 
-def write_spm():
-    from transformers import AutoTokenizer
-    tokens, scores, types = spm_vocab()
-    path = os.path.join(OUT, "vocab-spm.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("flexmodel gguf sentencepiece vocabulary")
+def write_vocab_file(name, arch, title, tokens, scores, types, special, add_space_prefix=None):
+    """A tokenizer-only GGUF as llama.cpp's converters write a sentencepiece
+    vocabulary; special: bos, eos, unk (and pad) ids, in the order written."""
+    w = gguf.GGUFWriter(os.path.join(OUT, name), arch)
+    w.add_name(title)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
     w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    for kind, i in special.items():
+        getattr(w, f"add_{kind}_token_id")(i)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_add_space_prefix(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shutil.copyfile(path, os.path.join(ROOT, "fuzz", "corpus", "gguf", "vocab-spm.gguf"))  # a fuzz seed
-    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-spm.gguf")
-    ids = [tok(s)["input_ids"] for s in STRINGS]
-    expected = {"strings": STRINGS, "ids": ids,
-                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
-                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
+    write_and_close(w)
+
+
+def tokenize(name, strings):
+    """Transformers' tokenizer for the GGUF `name`, and its ids and decodings of `strings`."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(OUT, gguf_file=name)
+    ids = [tok(s)["input_ids"] for s in strings]
+    return tok, {"strings": strings, "ids": ids,
+                 "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
+                 "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+
+
+def write_expected(name, expected):
+    with open(os.path.join(OUT, name), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
+def write_spm():
+    tokens, scores, types = spm_vocab()
+    write_vocab_file("vocab-spm.gguf", "llama", "flexmodel gguf sentencepiece vocabulary", tokens, scores, types,
+                     {"bos": 1, "eos": 2, "unk": 0}, add_space_prefix=True)
+    shutil.copyfile(os.path.join(OUT, "vocab-spm.gguf"),
+                    os.path.join(ROOT, "fuzz", "corpus", "gguf", "vocab-spm.gguf"))  # a fuzz seed
+    tok, expected = tokenize("vocab-spm.gguf", STRINGS)
+    ids = expected["ids"]
     # The test is worth its name only if byte fallback and merges both happen.
     assert any(tokens[i].startswith("<0x") for i in ids[5]), ids[5]
     assert any(len(tokens[i]) > 3 and not tokens[i].startswith("<") for i in ids[0])
-    with open(os.path.join(OUT, "vocab-spm.expected.json"), "w", encoding="utf-8") as f:
-        json.dump(expected, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    write_expected("vocab-spm.expected.json", expected)
     return tok
 
 
@@ -128,7 +142,6 @@ def write_gemma_spm():
     add_space_prefix false, whitespace tokens spelled with real spaces), with
     scores that run against the file order (Transformers ranks Gemma's merges
     by position), and Transformers' tokenization of it."""
-    from transformers import AutoTokenizer
     tokens, _, types = spm_vocab()
     pieces = [t for t, k in zip(tokens, types) if k in (gguf.TokenType.NORMAL, gguf.TokenType.BYTE)]
     kinds = [k for k in types if k in (gguf.TokenType.NORMAL, gguf.TokenType.BYTE)]
@@ -136,35 +149,11 @@ def write_gemma_spm():
     types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.UNKNOWN, gguf.TokenType.USER_DEFINED] + \
         [gguf.TokenType.NORMAL] * 2 + kinds
     scores = [float(i) for i in range(len(tokens))]  # against the file order
-    path = os.path.join(OUT, "vocab-gemma-spm.gguf")
-    w = gguf.GGUFWriter(path, "gemma3")
-    w.add_name("flexmodel gguf gemma sentencepiece vocabulary")
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-gemma-spm.gguf")
-    strings = STRINGS + ["<bos>twice <eos>", "<pad> and <unk>"]
-    ids = [tok(s)["input_ids"] for s in strings]
-    assert 5 in ids[2], ids[2]  # the two-space token
-    expected = {"strings": strings, "ids": ids,
-                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
-                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
-    with open(os.path.join(OUT, "vocab-gemma-spm.expected.json"), "w", encoding="utf-8") as f:
-        json.dump(expected, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    write_vocab_file("vocab-gemma-spm.gguf", "gemma3", "flexmodel gguf gemma sentencepiece vocabulary", tokens, scores,
+                     types, {"bos": 2, "eos": 1, "unk": 3, "pad": 0}, add_space_prefix=False)
+    tok, expected = tokenize("vocab-gemma-spm.gguf", STRINGS + ["<bos>twice <eos>", "<pad> and <unk>"])
+    assert 5 in expected["ids"][2], expected["ids"][2]  # the two-space token
+    write_expected("vocab-gemma-spm.expected.json", expected)
     return tok
 
 
@@ -172,33 +161,11 @@ def write_phi3_spm():
     """vocab-phi3-spm.gguf: vocab-spm.gguf's vocabulary under arch phi3, which
     Transformers builds with a Prepend("▁") + Replace normalizer instead of
     Metaspace, and Transformers' tokenization of it."""
-    from transformers import AutoTokenizer
     tokens, scores, types = spm_vocab()
-    path = os.path.join(OUT, "vocab-phi3-spm.gguf")
-    w = gguf.GGUFWriter(path, "phi3")
-    w.add_name("flexmodel gguf phi3 sentencepiece vocabulary")
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tok = AutoTokenizer.from_pretrained(OUT, gguf_file="vocab-phi3-spm.gguf")
-    ids = [tok(s)["input_ids"] for s in STRINGS]
-    expected = {"strings": STRINGS, "ids": ids,
-                "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
-                "decoded_skip_special": [tok.decode(i, skip_special_tokens=True) for i in ids]}
-    with open(os.path.join(OUT, "vocab-phi3-spm.expected.json"), "w", encoding="utf-8") as f:
-        json.dump(expected, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    write_vocab_file("vocab-phi3-spm.gguf", "phi3", "flexmodel gguf phi3 sentencepiece vocabulary", tokens, scores, types,
+                     {"bos": 1, "eos": 2, "unk": 0})
+    tok, expected = tokenize("vocab-phi3-spm.gguf", STRINGS)
+    write_expected("vocab-phi3-spm.expected.json", expected)
     return tok
 
 
