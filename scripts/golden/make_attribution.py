@@ -156,30 +156,38 @@ def transcoders(d_model, n_layers, family):
                          scan=f"flexmodel-{family}-fixture"), saelens
 
 
-def make(family):
-    cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
-    tset, saelens = transcoders(cfg.d_model, cfg.n_layers, family)
+def tl_replacement_model(cfg, weights, transcoder_set, bos):
+    """circuit-tracer's TransformerLens replacement model on `weights` (every
+    weight loaded: only TransformerLens' buffers may be missing)."""
     model = TransformerLensReplacementModel(cfg)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing, _ = model.load_state_dict(weights, strict=False)
     assert not [k for k in missing if "IGNORE" not in k and "mask" not in k and "rotary" not in k], missing
-    model._configure_replacement_model(tset)
-    prompt = PROMPTS[family]
-    tok = IdTokenizer(prompt[0])
-    model.tokenizer = tok
-    model.eval()
+    model._configure_replacement_model(transcoder_set)
+    model.tokenizer = IdTokenizer(bos)
+    return model.eval()
 
+
+def attribute_and_prune(model, prompt):
+    """circuit-tracer's attribute() with its defaults (10 logits up to p 0.95),
+    batch BATCH, and prune_graph at 0.8 / 0.98: (graph, node_mask, edge_mask, cumulative)."""
     graph = attribute(torch.tensor(prompt), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
-    node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+    return (graph, *prune_graph(graph, node_threshold=0.8, edge_threshold=0.98))
 
+
+def write_saelens_folders(name, saelens):
+    """OUT/name/layer_L/cfg.json + sae_weights.safetensors, per (cfg, tensors) of transcoders()."""
     os.makedirs(OUT, exist_ok=True)
     for layer, (c, tensors) in enumerate(saelens):
-        d = os.path.join(OUT, f"{family}-transcoders", f"layer_{layer}")
+        d = os.path.join(OUT, name, f"layer_{layer}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "cfg.json"), "w") as f:
             json.dump(c, f, indent=1)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "sae_weights.safetensors"))
-        os.chmod(os.path.join(d, "sae_weights.safetensors"), 0o644)
-    out = {
+        save_golden({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "sae_weights.safetensors"))
+
+
+def graph_tensors(graph, node_mask, edge_mask, cumulative):
+    """The graph and its pruning as the golden files store them."""
+    return {
         "input_ids": graph.input_tokens.to(torch.int64),
         "active_features": graph.active_features.to(torch.int64).contiguous(),
         "activation_values": graph.activation_values.float().contiguous(),
@@ -191,16 +199,45 @@ def make(family):
         "edge_mask": edge_mask.to(torch.uint8).contiguous(),
         "cumulative_scores": cumulative.float(),
     }
-    path = os.path.join(OUT, f"{family}-circuit-tracer.safetensors")
-    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
-                                   "torch": torch.__version__, "batch_size": str(BATCH)})
+
+
+def intervention_tensors(ivs, clean, frozen, unfrozen, T):
+    """The interventions (layer, position, feature, value as float) and the logits [T, V] they give."""
+    return {
+        "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
+        "clean_logits": clean.reshape(T, -1).float().contiguous(),
+        "frozen_logits": frozen.reshape(T, -1).float().contiguous(),
+        "unfrozen_logits": unfrozen.reshape(T, -1).float().contiguous(),
+    }
+
+
+def save_golden(tensors, path, metadata=None):
+    save_file(tensors, path, metadata=metadata)
     os.chmod(path, 0o644)
+
+
+def write_graph_json(graph, node_mask, edge_mask, cumulative, tok, slug, scan):
+    """OUT/slug.json: the graph file circuit-tracer's create_graph_files writes for Neuronpedia."""
     nodes = create_nodes(graph, node_mask, tok, cumulative)
     used_nodes, used_edges = create_used_nodes_and_edges(graph, nodes, edge_mask)
-    viewer = build_model(graph, used_nodes, used_edges, f"{family}-circuit-tracer-graph", f"flexmodel-{family}-fixture",
-                         0.8, tok)
-    with open(os.path.join(OUT, f"{family}-circuit-tracer-graph.json"), "w") as f:
+    viewer = build_model(graph, used_nodes, used_edges, slug, scan, 0.8, tok)
+    with open(os.path.join(OUT, f"{slug}.json"), "w") as f:
         f.write(viewer.model_dump_json(indent=1))
+
+
+def make(family):
+    cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
+    tset, saelens = transcoders(cfg.d_model, cfg.n_layers, family)
+    model = tl_replacement_model(cfg, weights, tset, PROMPTS[family][0])
+    graph, node_mask, edge_mask, cumulative = attribute_and_prune(model, PROMPTS[family])
+
+    write_saelens_folders(f"{family}-transcoders", saelens)
+    save_golden(graph_tensors(graph, node_mask, edge_mask, cumulative),
+                os.path.join(OUT, f"{family}-circuit-tracer.safetensors"),
+                {"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
+                 "torch": torch.__version__, "batch_size": str(BATCH)})
+    write_graph_json(graph, node_mask, edge_mask, cumulative, model.tokenizer, f"{family}-circuit-tracer-graph",
+                     f"flexmodel-{family}-fixture")
     print(f"{family}: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept",
           file=sys.stderr)
@@ -209,11 +246,7 @@ def make(family):
 def replacement_model(family):
     cfg, weights = gpt2_model() if family == "gpt2" else llama_model()
     tset, _ = transcoders(cfg.d_model, cfg.n_layers, family)
-    model = TransformerLensReplacementModel(cfg)
-    model.load_state_dict(weights, strict=False)
-    model._configure_replacement_model(tset)
-    model.tokenizer = IdTokenizer(PROMPTS[family][0])
-    return model.eval()
+    return tl_replacement_model(cfg, weights, tset, PROMPTS[family][0])
 
 
 def make_interventions(family):
@@ -240,16 +273,9 @@ def make_interventions(family):
             prompt.unsqueeze(0), ivs[:2], freeze_attention=freeze, max_new_tokens=5, do_sample=False, verbose=False)
         generated[f"{name}_generated"] = ids.reshape(-1).to(torch.int64).contiguous()
         generated[f"{name}_step_logits"] = step_logits.float().contiguous()
-    out = {
-        **generated,
-        "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
-        "clean_logits": clean.reshape(T, -1).float().contiguous(),
-        "frozen_logits": frozen.reshape(T, -1).float().contiguous(),
-        "unfrozen_logits": unfrozen.reshape(T, -1).float().contiguous(),
-    }
-    path = os.path.join(OUT, f"{family}-circuit-tracer-interventions.safetensors")
-    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "torch": torch.__version__})
-    os.chmod(path, 0o644)
+    save_golden({**generated, **intervention_tensors(ivs, clean, frozen, unfrozen, T)},
+                os.path.join(OUT, f"{family}-circuit-tracer-interventions.safetensors"),
+                {"circuit_tracer": circuit_tracer.__version__, "torch": torch.__version__})
     print(f"{family}: interventions {ivs}; largest logit change frozen "
           f"{(frozen - clean).abs().max():.4g}, unfrozen {(unfrozen - clean).abs().max():.4g}", file=sys.stderr)
 

@@ -36,22 +36,18 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 import circuit_tracer
-from circuit_tracer.attribution.attribute import attribute
-from circuit_tracer.graph import prune_graph
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
 from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
-from circuit_tracer.utils.create_graph_files import build_model, create_nodes, create_used_nodes_and_edges
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_attribution import OUT, PROMPTS, IdTokenizer, gpt2_model, llama_model  # noqa: E402
+from make_attribution import (BATCH, OUT, PROMPTS, attribute_and_prune, gpt2_model, graph_tensors,  # noqa: E402
+                              intervention_tensors, llama_model, save_golden, tl_replacement_model, write_graph_json)
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
 
 D_CLT = 16
-BATCH = 16
 
 
 HOOKS = {"gpt2": ("mlp.hook_in", "mlp.hook_out"), "llama": ("hook_resid_mid", "hook_mlp_out")}
@@ -98,17 +94,11 @@ def make(family):
         clt = load_clt(folder, feature_input_hook=in_hook, feature_output_hook=out_hook,
                        scan=f"flexmodel-{family}-clt", device=torch.device("cpu"), dtype=torch.float32,
                        lazy_decoder=False)
-        model = TransformerLensReplacementModel(cfg)
-        missing, _ = model.load_state_dict(weights, strict=False)
-        assert not [k for k in missing if "IGNORE" not in k and "mask" not in k and "rotary" not in k], missing
-        model._configure_replacement_model(clt)
-        model.tokenizer = IdTokenizer(PROMPTS[family][0])
-        return model.eval()
+        return tl_replacement_model(cfg, weights, clt, PROMPTS[family][0])
 
     model = replacement_model()
     prompt = torch.tensor(PROMPTS[family])
-    graph = attribute(prompt, model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
-    node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+    graph, node_mask, edge_mask, cumulative = attribute_and_prune(model, PROMPTS[family])
 
     # Interventions: an active layer-0 feature at position 3 switched off
     # (it writes into layers 0 and 1), an active layer-0 feature at the last
@@ -130,31 +120,14 @@ def make(family):
     out = {
         "frozen_generated": gen_ids.reshape(-1).to(torch.int64).contiguous(),
         "frozen_step_logits": step_logits.float().contiguous(),
-        "input_ids": graph.input_tokens.to(torch.int64),
-        "active_features": graph.active_features.to(torch.int64).contiguous(),
-        "activation_values": graph.activation_values.float().contiguous(),
-        "selected_features": graph.selected_features.to(torch.int64),
-        "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets], dtype=torch.int64),
-        "logit_probabilities": graph.logit_probabilities.float(),
-        "adjacency": graph.adjacency_matrix.float().contiguous(),
-        "node_mask": node_mask.to(torch.uint8),
-        "edge_mask": edge_mask.to(torch.uint8).contiguous(),
-        "cumulative_scores": cumulative.float(),
-        "interventions": torch.tensor([[float(x) for x in iv] for iv in ivs]),
-        "clean_logits": clean.reshape(T, -1).float().contiguous(),
-        "frozen_logits": frozen.reshape(T, -1).float().contiguous(),
-        "unfrozen_logits": unfrozen.reshape(T, -1).float().contiguous(),
+        **graph_tensors(graph, node_mask, edge_mask, cumulative),
+        **intervention_tensors(ivs, clean, frozen, unfrozen, T),
     }
-    path = os.path.join(OUT, f"{family}-clt-circuit-tracer.safetensors")
-    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
-                                   "torch": torch.__version__, "batch_size": str(BATCH)})
-    os.chmod(path, 0o644)
-    nodes = create_nodes(graph, node_mask, model.tokenizer, cumulative)
-    used_nodes, used_edges = create_used_nodes_and_edges(graph, nodes, edge_mask)
-    viewer = build_model(graph, used_nodes, used_edges, f"{family}-clt-circuit-tracer-graph", f"flexmodel-{family}-clt",
-                         0.8, model.tokenizer)
-    with open(os.path.join(OUT, f"{family}-clt-circuit-tracer-graph.json"), "w") as f:
-        f.write(viewer.model_dump_json(indent=1))
+    save_golden(out, os.path.join(OUT, f"{family}-clt-circuit-tracer.safetensors"),
+                {"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
+                 "torch": torch.__version__, "batch_size": str(BATCH)})
+    write_graph_json(graph, node_mask, edge_mask, cumulative, model.tokenizer, f"{family}-clt-circuit-tracer-graph",
+                     f"flexmodel-{family}-clt")
     print(f"{family} CLT: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept; "
           f"interventions {ivs}: largest logit change frozen {(frozen - clean).abs().max():.4g}, "

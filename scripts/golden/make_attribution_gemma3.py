@@ -30,17 +30,15 @@ import sys
 import tempfile
 
 import torch
-from safetensors.torch import save_file
 
 import circuit_tracer
-from circuit_tracer.attribution.attribute import attribute
-from circuit_tracer.graph import prune_graph
 from circuit_tracer.replacement_model.replacement_model_nnsight import NNSightReplacementModel
 from circuit_tracer.transcoder.single_layer_transcoder import TranscoderSet
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_attribution import BATCH, OUT, ROOT, IdTokenizer, transcoders  # noqa: E402
+from make_attribution import (BATCH, OUT, ROOT, IdTokenizer, attribute_and_prune, graph_tensors,  # noqa: E402
+                              save_golden, transcoders, write_saelens_folders)
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
 
@@ -78,36 +76,17 @@ def main():
         model = NNSightReplacementModel(hf, tokenizer=tok, dispatch=True)
         model._hf_config = config
         model._configure_replacement_model(tset)
-        graph = attribute(torch.tensor(PROMPT), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=BATCH)
-        node_mask, edge_mask, cumulative = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+        graph, node_mask, edge_mask, cumulative = attribute_and_prune(model, PROMPT)
 
-    for layer, (c, tensors) in enumerate(saelens):
+    for layer, (c, _) in enumerate(saelens):
         c["metadata"]["hook_name_out"] = f"blocks.{layer}.hook_mlp_out"
-        d_ = os.path.join(OUT, "gemma3-transcoders", f"layer_{layer}")
-        os.makedirs(d_, exist_ok=True)
-        with open(os.path.join(d_, "cfg.json"), "w") as f:
-            json.dump(c, f, indent=1)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d_, "sae_weights.safetensors"))
-        os.chmod(os.path.join(d_, "sae_weights.safetensors"), 0o644)
-    out = {
-        "input_ids": graph.input_tokens.to(torch.int64),
-        "active_features": graph.active_features.to(torch.int64).contiguous(),
-        "activation_values": graph.activation_values.float().contiguous(),
-        "selected_features": graph.selected_features.to(torch.int64),
-        "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets], dtype=torch.int64),
-        "logit_probabilities": graph.logit_probabilities.float(),
-        "adjacency": graph.adjacency_matrix.float().contiguous(),
-        "node_mask": node_mask.to(torch.uint8),
-        "edge_mask": edge_mask.to(torch.uint8).contiguous(),
-        "cumulative_scores": cumulative.float(),
-    }
-    path = os.path.join(OUT, "gemma3-circuit-tracer.safetensors")
+    write_saelens_folders("gemma3-transcoders", saelens)
     import nnsight
     import transformers
-    save_file(out, path, metadata={"circuit_tracer": circuit_tracer.__version__, "backend": "nnsight",
-                                   "nnsight": nnsight.__version__, "transformers": transformers.__version__,
-                                   "torch": torch.__version__, "batch_size": str(BATCH)})
-    os.chmod(path, 0o644)
+    save_golden(graph_tensors(graph, node_mask, edge_mask, cumulative),
+                os.path.join(OUT, "gemma3-circuit-tracer.safetensors"),
+                {"circuit_tracer": circuit_tracer.__version__, "backend": "nnsight", "nnsight": nnsight.__version__,
+                 "transformers": transformers.__version__, "torch": torch.__version__, "batch_size": str(BATCH)})
     print(f"gemma3: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept",
           file=sys.stderr)
