@@ -27,6 +27,7 @@
 #include <fstream>
 
 #include "attribution_reference.h"
+#include "attribution_reference_edges.h"
 #include "expect_error.h"
 #include "tensor_compare.h"
 #include "test_util.h"
@@ -84,41 +85,9 @@ std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, at
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }
 
-// The reference's edge matrix for the graph's nodes: rows = the graph's
-// feature targets then its logit targets, columns = its sources.
-struct ReferenceEdges {
-  at::Tensor edges;   // [S + K, S + L*T + T]
-  at::Tensor value;   // [S + K] every target's value at the recorded sources
-  at::Tensor bias;    // [S + K] with every source zeroed
-};
-
-ReferenceEdges reference_edges(flex_test::AttributionReference& ref, const AttributionGraph& g) {
-  const at::Tensor feats = g.active_features.index_select(0, g.selected_features);
-  ReferenceEdges r;
-  r.value = ref.targets(ref.sources, feats, g.logit_tokens);
-  r.bias = ref.targets(ref.zeroed(), feats, g.logit_tokens);
-  const int64_t S = g.n_features(), L = g.n_layers, T = g.n_pos;
-  std::vector<at::Tensor> cols;
-  for (int64_t i = 0; i < S + L * T + T; ++i) {
-    auto s = ref.copy();
-    if (i < S) {
-      s.acts[feats[i][0].item<int64_t>()][feats[i][1].item<int64_t>()][feats[i][2].item<int64_t>()] = 0.0;
-    } else if (i < S + L * T) {
-      s.errors[(i - S) / T][(i - S) % T].zero_();
-    } else {
-      s.embed[i - S - L * T].zero_();
-    }
-    cols.push_back(r.value - ref.targets(s, feats, g.logit_tokens));
-  }
-  r.edges = at::stack(cols, 1);
-  return r;
-}
-
-// The graph's rows for its feature and logit targets, over its source columns.
-at::Tensor target_rows(const AttributionGraph& g) {
-  const int64_t S = g.n_features(), K = g.logit_tokens.size(0), N = g.n_nodes(), C = g.logit_offset();
-  return at::cat({g.adjacency.narrow(0, 0, S), g.adjacency.narrow(0, N - K, K)}).narrow(1, 0, C);
-}
+using flex_test::reference_edges;
+using flex_test::ReferenceEdges;
+using flex_test::target_rows;
 
 void check_against_reference(const std::string& name, std::shared_ptr<CausalLM> m = nullptr,
                              const at::Tensor& ids = prompt(), const flex_test::Gemma3Attention* gemma3 = nullptr,
@@ -139,12 +108,7 @@ void check_against_reference(const std::string& name, std::shared_ptr<CausalLM> 
 
   // The active features are the reference's, with its activations.
   const int64_t L = g.n_layers, T = g.n_pos;
-  std::vector<at::Tensor> expect;
-  for (int64_t l = 0; l < L; ++l) {
-    const at::Tensor nz = ref.sources.acts[l].nonzero();
-    expect.push_back(at::cat({at::full({nz.size(0), 1}, l, at::kLong), nz}, 1));
-  }
-  ASSERT_TRUE(flex_test::equal(g.active_features, at::cat(expect))) << name;
+  ASSERT_TRUE(flex_test::equal(g.active_features, flex_test::reference_active_features(ref, L))) << name;
   ASSERT_GT(g.active_features.size(0), 20) << name << ": too few active features to test anything";
   ASSERT_LT(g.active_features.size(0), L * (T - 1) * 24) << name << ": every feature active";
   const at::Tensor f = g.active_features;

@@ -15,9 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 
-#include "tensor_compare.h"
+#include "circuit_tracer_golden.h"
 #include "data_util.h"
 
 using namespace flex;
@@ -57,27 +56,7 @@ void compare_with_circuit_tracer(const std::string& family, double token_scale =
   const Golden golden{family};
   AttributionGraph g = our_graph(golden);
   if (token_scale != 1.0) g.adjacency.narrow(1, g.token_offset(), g.n_pos).div_(token_scale);
-  ASSERT_TRUE(flex_test::equal(g.active_features, golden.get("active_features")));
-  EXPECT_TRUE(flex_test::close(g.activations, golden.get("activation_values"), 1e-4, 1e-5));
-  ASSERT_TRUE(flex_test::equal(g.selected_features, golden.get("selected_features")));
-  ASSERT_TRUE(flex_test::equal(g.logit_tokens, golden.get("logit_tokens")));
-  EXPECT_TRUE(flex_test::close(g.logit_probabilities, golden.get("logit_probabilities"), 1e-4, 1e-6));
-
-  const at::Tensor theirs = golden.get("adjacency");
-  ASSERT_EQ(g.adjacency.sizes(), theirs.sizes());
-  const double scale = theirs.abs().max().item<double>();
-  // Within 1e-4 of each edge, or 1e-4 of the largest edge for the near-zero ones.
-  EXPECT_TRUE(flex_test::close(g.adjacency, theirs, 1e-4, 1e-4 * scale));
-  const at::Tensor diff = (g.adjacency - theirs).abs();
-  const int64_t worst = diff.argmax().item<int64_t>();
-  std::cout << family << ": largest |flexmodel - circuit-tracer| edge difference " << diff.max().item<double>() << " at [target "
-            << worst / theirs.size(1) << ", source " << worst % theirs.size(1) << "] (largest edge " << scale << ", "
-            << theirs.ne(0).sum().item<int64_t>() << " nonzero edges)\n";
-
-  const PrunedGraph p = prune_graph(g, 0.8, 0.98);
-  EXPECT_TRUE(flex_test::equal(p.node_mask.to(at::kByte), golden.get("node_mask")));
-  EXPECT_TRUE(flex_test::equal(p.edge_mask.to(at::kByte), golden.get("edge_mask")));
-  EXPECT_TRUE(flex_test::close(p.cumulative_scores, golden.get("cumulative_scores"), 1e-4, 1e-6));
+  flex_test::expect_same_graph_as_circuit_tracer(family, g, *golden.file);
 }
 
 }  // namespace

@@ -27,6 +27,8 @@
 #include <iostream>
 
 #include "attribution_reference.h"
+#include "attribution_reference_edges.h"
+#include "circuit_tracer_golden.h"
 #include "expect_error.h"
 #include "test_util.h"
 
@@ -88,14 +90,9 @@ void check_against_reference(const std::string& name, bool jump, const std::stri
   o.desired_logit_prob = 0.99;
   const AttributionGraph g = attribute(*m, clt, prompt(), o);
   flex_test::AttributionReference ref(*m, *clt, prompt());
-  const int64_t L = g.n_layers, T = g.n_pos, S = g.n_features();
+  const int64_t L = g.n_layers, S = g.n_features();
 
-  std::vector<at::Tensor> expect;
-  for (int64_t l = 0; l < L; ++l) {
-    const at::Tensor nz = ref.sources.acts[l].nonzero();
-    expect.push_back(at::cat({at::full({nz.size(0), 1}, l, at::kLong), nz}, 1));
-  }
-  ASSERT_TRUE(flex_test::equal(g.active_features, at::cat(expect)));
+  ASSERT_TRUE(flex_test::equal(g.active_features, flex_test::reference_active_features(ref, L)));
   ASSERT_GT(S, 20) << "too few active features to test anything";
   const at::Tensor f = g.active_features.index_select(0, g.selected_features);
   std::vector<at::Tensor> acts;
@@ -106,23 +103,10 @@ void check_against_reference(const std::string& name, bool jump, const std::stri
   if (jump && name == "gpt2") EXPECT_GT(g.activations.lt(0).sum().item<int64_t>(), 0) << "no negative activation";
 
   // Every edge: frozen(S) - frozen(S with the source zeroed).
-  const at::Tensor value = ref.targets(ref.sources, f, g.logit_tokens);
-  const at::Tensor bias = ref.targets(ref.zeroed(), f, g.logit_tokens);
-  std::vector<at::Tensor> cols;
-  for (int64_t i = 0; i < S + L * T + T; ++i) {
-    auto s = ref.copy();
-    if (i < S) {
-      s.acts[f[i][0].item<int64_t>()][f[i][1].item<int64_t>()][f[i][2].item<int64_t>()] = 0.0;
-    } else if (i < S + L * T) {
-      s.errors[(i - S) / T][(i - S) % T].zero_();
-    } else {
-      s.embed[i - S - L * T].zero_();
-    }
-    cols.push_back(value - ref.targets(s, f, g.logit_tokens));
-  }
-  const at::Tensor want = at::stack(cols, 1);
+  const flex_test::ReferenceEdges r = flex_test::reference_edges(ref, g);
+  const at::Tensor &value = r.value, &bias = r.bias, &want = r.edges;
   const int64_t K = g.logit_tokens.size(0), N = g.n_nodes();
-  const at::Tensor rows = at::cat({g.adjacency.narrow(0, 0, S), g.adjacency.narrow(0, N - K, K)}).narrow(1, 0, g.logit_offset());
+  const at::Tensor rows = flex_test::target_rows(g);
   const double scale = want.abs().max().item<double>();
   EXPECT_TRUE(flex_test::close(rows, want, 1e-8, 1e-10 * scale)) << "edges vs frozen-replacement differences";
   const at::Tensor diff = (rows - want).abs();
@@ -182,24 +166,8 @@ void compare_with_circuit_tracer(const std::string& family) {
   AttributionOptions o;
   o.batch_size = 16;
   const AttributionGraph g = attribute(*m, tc, golden.get("input_ids"), o);
-  ASSERT_TRUE(flex_test::equal(g.active_features, golden.get("active_features")));
-  EXPECT_TRUE(flex_test::close(g.activations, golden.get("activation_values"), 1e-4, 1e-5));
-  ASSERT_TRUE(flex_test::equal(g.selected_features, golden.get("selected_features")));
-  ASSERT_TRUE(flex_test::equal(g.logit_tokens, golden.get("logit_tokens")));
-  EXPECT_TRUE(flex_test::close(g.logit_probabilities, golden.get("logit_probabilities"), 1e-4, 1e-6));
-  const at::Tensor theirs = golden.get("adjacency");
-  ASSERT_EQ(g.adjacency.sizes(), theirs.sizes());
-  const double scale = theirs.abs().max().item<double>();
-  EXPECT_TRUE(flex_test::close(g.adjacency, theirs, 1e-4, 1e-4 * scale));
-  const at::Tensor diff = (g.adjacency - theirs).abs();
-  const int64_t worst = diff.argmax().item<int64_t>();
-  std::cout << family << " CLT: largest |flexmodel - circuit-tracer| edge difference " << diff.max().item<double>()
-            << " at [target " << worst / theirs.size(1) << ", source " << worst % theirs.size(1) << "] (largest edge "
-            << scale << ", " << theirs.ne(0).sum().item<int64_t>() << " nonzero edges)\n";
-  const PrunedGraph p = prune_graph(g, 0.8, 0.98);
-  EXPECT_TRUE(flex_test::equal(p.node_mask.to(at::kByte), golden.get("node_mask")));
-  EXPECT_TRUE(flex_test::equal(p.edge_mask.to(at::kByte), golden.get("edge_mask")));
-  EXPECT_TRUE(flex_test::close(p.cumulative_scores, golden.get("cumulative_scores"), 1e-4, 1e-6));
+  flex_test::expect_same_graph_as_circuit_tracer(family + " CLT", g, *golden.file);
+  if (::testing::Test::HasFatalFailure()) return;
 
   // Interventions: circuit-tracer's feature_intervention, frozen and not.
   const at::Tensor ivt = golden.get("interventions");
