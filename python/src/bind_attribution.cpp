@@ -24,6 +24,22 @@ Transcoders transcoder_list(int64_t n_layers, py::object transcoders) {
   return transcoders.cast<std::vector<std::shared_ptr<SparseDictionary>>>();
 }
 
+// The graph's nodes as attribute() returns them on every rank (the
+// adjacency, pruning and graph file are added where there are rows).
+py::dict graph_nodes(const AttributionGraph& g) {
+  py::dict d;
+  d["n_layers"] = g.n_layers;
+  d["n_pos"] = g.n_pos;
+  d["input_ids"] = g.input_ids;
+  d["active_features"] = g.active_features;
+  d["activations"] = g.activations;
+  d["pre_activations"] = g.pre_activations;
+  d["selected_features"] = g.selected_features;
+  d["logit_tokens"] = g.logit_tokens;
+  d["logit_probabilities"] = g.logit_probabilities;
+  return d;
+}
+
 // Each: "L:P:F=V" / "L:P:F*X", or (layer, pos, feature, value[, scale]).
 std::vector<FeatureIntervention> intervention_list(py::list interventions) {
   std::vector<FeatureIntervention> ivs;
@@ -92,16 +108,7 @@ void bind_attribution(py::module_& m) {
           if (g.adjacency.defined() || g.streamed) p = prune_graph(g, node_threshold, edge_threshold);
         }
         if (!g.adjacency.defined() && !g.streamed) {
-          py::dict d;
-          d["n_layers"] = g.n_layers;
-          d["n_pos"] = g.n_pos;
-          d["input_ids"] = g.input_ids;
-          d["active_features"] = g.active_features;
-          d["activations"] = g.activations;
-          d["pre_activations"] = g.pre_activations;
-          d["selected_features"] = g.selected_features;
-          d["logit_tokens"] = g.logit_tokens;
-          d["logit_probabilities"] = g.logit_probabilities;
+          py::dict d = graph_nodes(g);
           for (const char* k : {"adjacency", "node_mask", "edge_mask", "edges", "edge_weights", "peak_working_memory",
                                 "cumulative_scores", "json"})
             d[k] = py::none();
@@ -119,16 +126,7 @@ void bind_attribution(py::module_& m) {
         for (int64_t k = 0; k < g.logit_tokens.size(0); ++k) info.logit_tokens.push_back(text(g.logit_tokens[k].item<int64_t>()));
         if (info.prompt.empty())
           for (const auto& t : info.prompt_tokens) info.prompt += (info.prompt.empty() ? "" : " ") + t;
-        py::dict d;
-        d["n_layers"] = g.n_layers;
-        d["n_pos"] = g.n_pos;
-        d["input_ids"] = g.input_ids;
-        d["active_features"] = g.active_features;
-        d["activations"] = g.activations;
-        d["pre_activations"] = g.pre_activations;
-        d["selected_features"] = g.selected_features;
-        d["logit_tokens"] = g.logit_tokens;
-        d["logit_probabilities"] = g.logit_probabilities;
+        py::dict d = graph_nodes(g);
         // A streamed graph's adjacency stays on disk (and goes with it): None.
         d["adjacency"] = g.streamed ? py::object(py::none()) : py::cast(g.adjacency);
         d["node_mask"] = p.node_mask;
