@@ -5,7 +5,9 @@
 // SAELens folders FAMILY-transcoders/ that flex::load_transcoders reads here).
 // The same nodes, every edge within 1e-4 relative, the same pruned graph.
 // Gemma 3: scripts/golden/make_attribution_gemma3.py, circuit-tracer's nnsight
-// backend on tests/data/golden5/gemma3_text.
+// backend on tests/data/golden5/gemma3_text. Gemma 2 and Qwen3:
+// scripts/golden/make_attribution_more.py, its TransformerLens backend on
+// tests/data/golden5/gemma2 and qwen3.
 #include <flex/dispatch/safetensors.h>
 #include <flex/models/auto_model.h>
 #include <flex/sae/attribution.h>
@@ -30,9 +32,11 @@ struct Golden {
   at::Tensor get(const std::string& name) const { return file->get(name); }
 };
 
-// The model each golden file was made on: the fixtures, and Gemma 3's golden5 model.
+// The model each golden file was made on: the fixtures, and the golden5 models.
 std::string model_dir(const std::string& family) {
-  return family == "gemma3" ? flex_test::data_path("golden5/gemma3_text") : flex_test::fixture("models/" + family);
+  if (family == "gemma3") return flex_test::data_path("golden5/gemma3_text");
+  if (family == "gemma2" || family == "qwen3") return flex_test::data_path("golden5/" + family);
+  return flex_test::fixture("models/" + family);
 }
 
 AttributionGraph our_graph(const Golden& g) {
@@ -69,3 +73,12 @@ TEST(AttributionCircuitTracer, LlamaSameNodesEdgesAndPrunedGraph) { compare_with
 TEST(AttributionCircuitTracer, Gemma3SameNodesEdgesAndPrunedGraph) {
   compare_with_circuit_tracer("gemma3", double(float(std::sqrt(32.0))));  // hidden size 32
 }
+// Gemma 2 through circuit-tracer's TransformerLens backend: 3 layers, sliding
+// window 5 on layers 0 and 2 (10 tokens), attention score soft cap, norms
+// before and after attention and MLP, transcoders writing hook_mlp_out (after
+// the post-feedforward norm); its token nodes are the scaled embedding rows
+// TransformerLens stores, so no token_scale. The logit targets are the logits
+// before the final soft cap in both.
+TEST(AttributionCircuitTracer, Gemma2SameNodesEdgesAndPrunedGraph) { compare_with_circuit_tracer("gemma2"); }
+// Qwen3 through the TransformerLens backend: q/k norms, grouped-query attention.
+TEST(AttributionCircuitTracer, Qwen3SameNodesEdgesAndPrunedGraph) { compare_with_circuit_tracer("qwen3"); }
