@@ -40,7 +40,9 @@ Value GPT2Attention::forward(Inputs inputs) {
   const at::Tensor& x = call.hidden;
   const int64_t b = x.size(0), t = x.size(1), c = cfg_.hidden_size, h = cfg_.num_attention_heads, d = cfg_.head_dim;
   auto qkv = (*c_attn)(x).split(c, 2);
-  if (nonlinearities_frozen() && qkv[2].requires_grad() && !c_attn->weight_format()) {
+  // (Not for an offloaded c_attn: its weight is back on meta once the call
+  // returns; the whole product's backward gives v the same gradient, slower.)
+  if (nonlinearities_frozen() && qkv[2].requires_grad() && !c_attn->weight_format() && !c_attn->weight.is_meta()) {
     // The frozen replacement (flex/hooks/frozen_replacement.h): the pattern
     // is a constant, so only v carries a gradient. Through its own third of
     // the weight (x - x is exactly zero: the values stay c_attn's), the

@@ -1,5 +1,6 @@
 #include "attribution_places.h"
 
+#include <flex/dispatch/align_devices_hook.h>
 #include <flex/hooks/errors.h>
 #include <flex/models/decoder.h>
 #include <flex/sae/splice.h>
@@ -45,9 +46,21 @@ AttributionPlaces attribution_places(CausalLM& model) {
   p.embed = model.input_embeddings();
   std::shared_ptr<Linear> head = model.output_embeddings();
   p.logits = [&model, head](const at::Tensor& hidden) { return model.finish_logits((*head)(hidden)); };
-  p.unembedding = [head] {
-    at::Tensor w = head->weight.detach();
-    return at::isFloatingType(w.scalar_type()) ? w : head->float_weight();
+  p.unembedding = [head, embed = p.embed] {
+    auto read = [&head] {
+      at::Tensor w = head->weight.detach();
+      return at::isFloatingType(w.scalar_type()) ? w : head->float_weight();
+    };
+    if (!head->weight.is_meta()) return read();
+    // Offloaded (CPU or disk, decision 41): the weight is on meta between
+    // calls; load it for the read, through the head's own offload hook or,
+    // for a head tied to the embedding, the embedding's.
+    AlignModuleDevice loaded(*head);
+    if (!head->weight.is_meta()) return read().clone();
+    AlignModuleDevice loaded_embedding(*embed);
+    if (head->weight.is_meta())
+      throw NotFoundError("attribution: the output head's weight is on the meta device and no offload hook loads it");
+    return read().clone();
   };
   p.hidden_size = model.config().hidden_size;
   p.run = base_model_run(p.base);

@@ -132,6 +132,21 @@ TEST(CliAttribute, CrossLayerTranscoderGraphFilesAreCircuitTracers) {
   compare_graph_files("llama", {1, 17, 42, 7, 99, 5, 11, 64, 2, 8}, "125", "-clt");  // reads hook_resid_mid (its config.yaml)
 }
 
+// Offloaded weights (decision 41): with a CPU budget of 60 kB the device map
+// sends the blocks and the head to disk, loaded for each call; the graph file
+// is circuit-tracer's all the same. (Before: GPT-2's frozen v path and the
+// unembedding read weights left on meta between calls.)
+TEST(CliAttribute, DiskOffloadedModelGraphFileIsCircuitTracers) {
+  flex_test::TempDir off;
+  for (const std::string family : {"gpt2", "llama"}) {
+    const std::string folder = off.str(family);
+    const std::vector<int64_t> prompt = family == "gpt2" ? kPrompt : std::vector<int64_t>{1, 17, 42, 7, 99, 5, 11, 64, 2, 8};
+    compare_graph_files(family, prompt, family == "gpt2" ? "152" : "165", "",
+                        {"--device-map", "auto", "--max-memory", "cpu=60KB", "--offload-folder", folder});
+    EXPECT_TRUE(std::filesystem::exists(folder + "/index.json")) << family << ": nothing was offloaded to " << folder;
+  }
+}
+
 // --max-memory SIZE (decision 45): the adjacency streamed through a
 // temporary file, pruned from there, the same graph file; a bound below one
 // batch of rows is an error naming the size needed; DEV=SIZE stays the
