@@ -77,6 +77,21 @@ void parse_yarn(const Reader& r, const Reader& sub, const std::string& where, co
   }
 }
 
+// llama.cpp's per-frequency divisors (its rope_freqs tensor, which its
+// converter computes from Llama 3's rope_scaling): a GGUF file carries them
+// instead of the parameters, so flexmodel's config for it holds the list.
+void parse_freq_factors(const Reader& r, const Reader& sub, const std::string& where, const ModelConfig& c,
+                        RopeScaling& s) {
+  const json* f = sub.find("freq_factors");
+  const std::string field = where + ".freq_factors";
+  if (!f || !f->is_array()) r.fail(field, "must be a list of head_dim / 2 numbers for rope_type 'freq_factors'");
+  (void)c;  // the count is checked against the rotary size, which partial rotary makes smaller than head_dim
+  for (const auto& x : *f) {
+    if (!x.is_number() || !(x.get<double>() > 0)) r.fail(field, "must hold positive numbers, got " + x.dump());
+    s.freq_factors.push_back(x.get<double>());
+  }
+}
+
 // One RoPE scaling object (rope_scaling, rope_parameters, or one layer type's
 // entry of rope_parameters) into `s`; `where` names it in messages.
 void parse_rope_object(const Reader& r, const json& obj, const std::string& where, const Architecture& arch,
@@ -92,8 +107,10 @@ void parse_rope_object(const Reader& r, const json& obj, const std::string& wher
     return parse_longrope(r, sub, c, s);
   }
   if (kind == "yarn") return parse_yarn(r, sub, where, c, s);
+  if (kind == "freq_factors") return parse_freq_factors(r, sub, where, c, s);
   if (kind != "linear" && kind != "dynamic" && kind != "llama3")
-    r.fail(where + ".rope_type", "'" + kind + "' is not supported (supported: default, linear, dynamic, llama3, yarn)");
+    r.fail(where + ".rope_type",
+           "'" + kind + "' is not supported (supported: default, linear, dynamic, llama3, yarn, freq_factors)");
   const json* f = sub.find("factor");
   if (!f) r.fail(where + ".factor", "is required for rope_type '" + kind + "' but missing");
   if (!f->is_number() || f->get<double>() <= 0) r.fail(where + ".factor", "must be a positive number, got " + f->dump());

@@ -248,6 +248,70 @@ void deepseek2_config(const GgufFile& f, nlohmann::json& c) {
   c["topk_group"] = int_or(f, p + "expert_group_used_count", 1);
 }
 
+// A [n] float tensor of the file (rope_freqs, rope_factors_*) as config numbers.
+std::vector<double> factor_list(const GgufFile& f, const std::string& name) {
+  const at::Tensor t = f.dequantize(name).reshape({-1}).to(at::kDouble).contiguous();
+  return std::vector<double>(t.const_data_ptr<double>(), t.const_data_ptr<double>() + t.numel());
+}
+
+// The RoPE scaling llama.cpp's converter writes: rope.scaling.* keys (linear,
+// YaRN), or tensors: Llama 3's rope_freqs (per-frequency divisors computed
+// from its rope_scaling, kept as flexmodel's freq_factors) and Phi-3's
+// rope_factors_long / _short (longrope, with its attention factor and
+// original context from the keys).
+void rope_scaling_config(const GgufFile& f, const std::string& arch, nlohmann::json& c) {
+  const std::string p = arch + ".";
+  const std::string kind = f.has(p + "rope.scaling.type") ? f.get_string(p + "rope.scaling.type") : "none";
+  const bool freqs = f.contains("rope_freqs.weight");
+  const bool longrope = f.contains("rope_factors_long.weight") || f.contains("rope_factors_short.weight");
+  auto refuse = [&](const std::string& why) {
+    return UnsupportedError("GGUF file " + f.path() + ": " + why);
+  };
+  if (freqs && longrope) throw refuse("both rope_freqs and rope_factors_* tensors; flexmodel reads one or the other");
+  if (freqs) {
+    if (kind != "none") throw refuse("tensor 'rope_freqs.weight' and '" + p + "rope.scaling.type' = '" + kind +
+                                     "' together; flexmodel reads rope_freqs alone (Llama 3's scaling)");
+    c["rope_scaling"] = {{"rope_type", "freq_factors"}, {"freq_factors", factor_list(f, "rope_freqs.weight")}};
+    return;
+  }
+  if (longrope) {
+    if (arch != "phi3") throw refuse("rope_factors_* tensors are read for phi3 (longrope), not for " + arch);
+    if (kind != "none" && kind != "longrope")
+      throw refuse("rope_factors_* tensors with '" + p + "rope.scaling.type' = '" + kind + "'");
+    for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
+      if (!f.contains(t)) throw refuse("tensor '" + std::string(t) + "' is missing (Phi-3's longrope needs both)");
+    nlohmann::json s = {{"rope_type", "longrope"},
+                        {"long_factor", factor_list(f, "rope_factors_long.weight")},
+                        {"short_factor", factor_list(f, "rope_factors_short.weight")},
+                        {"original_max_position_embeddings", f.get_int(p + "rope.scaling.original_context_length")}};
+    if (f.has(p + "rope.scaling.attn_factor")) s["attention_factor"] = f.get_double(p + "rope.scaling.attn_factor");
+    c["rope_scaling"] = s;
+    return;
+  }
+  if (kind == "none") return;
+  if (kind == "linear") {
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", f.get_double(p + "rope.scaling.factor")}};
+  } else if (kind == "yarn") {
+    nlohmann::json s = {{"rope_type", "yarn"},
+                        {"factor", f.get_double(p + "rope.scaling.factor")},
+                        {"original_max_position_embeddings", f.get_int(p + "rope.scaling.original_context_length")},
+                        {"beta_fast", double_or(f, p + "rope.scaling.yarn_beta_fast", 32.0)},
+                        {"beta_slow", double_or(f, p + "rope.scaling.yarn_beta_slow", 1.0)}};
+    if (arch == "deepseek2") {
+      // DeepSeek's YaRN: the converter keeps 0.1 * mscale_all_dim as the log
+      // multiplier; DeepSeek's configs give mscale equal to it.
+      const double m = double_or(f, p + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
+      s["mscale"] = m;
+      s["mscale_all_dim"] = m;
+    }
+    // Others (Qwen2/3, Llama): Transformers' default attention factor, 0.1 ln(factor) + 1.
+    c["rope_scaling"] = s;
+  } else {
+    throw refuse("metadata key '" + p + "rope.scaling.type' is '" + kind + "'; flexmodel reads 'none', 'linear', "
+                 "'yarn' and (with Phi-3's rope_factors tensors) 'longrope'");
+  }
+}
+
 }  // namespace
 
 nlohmann::json gguf_config_json(const GgufFile& f) {
@@ -273,26 +337,7 @@ nlohmann::json gguf_config_json(const GgufFile& f) {
     c["rope_theta"] = double_or(f, p + "rope.freq_base", 10000.0);
     if (heads > 0 && arch != "phi3" && arch != "olmo2" && arch != "deepseek2")  // no head_dim in their configs
       c["head_dim"] = int_or(f, p + "attention.key_length", int_or(f, p + "rope.dimension_count", hidden / heads));
-    if (f.has(p + "rope.scaling.type")) {
-      const std::string kind = f.get_string(p + "rope.scaling.type");
-      if (kind == "linear") {
-        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", f.get_double(p + "rope.scaling.factor")}};
-      } else if (kind == "yarn" && arch == "deepseek2") {
-        // DeepSeek's YaRN: the converter keeps 0.1 * mscale_all_dim as the log
-        // multiplier; DeepSeek's configs give mscale equal to it.
-        const double m = double_or(f, p + "rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
-        c["rope_scaling"] = {{"rope_type", "yarn"},
-                             {"factor", f.get_double(p + "rope.scaling.factor")},
-                             {"original_max_position_embeddings", f.get_int(p + "rope.scaling.original_context_length")},
-                             {"beta_fast", double_or(f, p + "rope.scaling.yarn_beta_fast", 32.0)},
-                             {"beta_slow", double_or(f, p + "rope.scaling.yarn_beta_slow", 1.0)},
-                             {"mscale", m},
-                             {"mscale_all_dim", m}};
-      } else if (kind != "none") {
-        throw UnsupportedError("GGUF file " + f.path() + ": metadata key '" + p + "rope.scaling.type' is '" + kind +
-                               "'; only 'linear', 'none' and deepseek2's 'yarn' are read so far");
-      }
-    }
+    rope_scaling_config(f, arch, c);
     c["hidden_act"] = "silu";
     const bool moe = arch == "qwen2moe" || arch == "qwen3moe";
     // Dense layers' width; an MoE file may carry only the experts'.
@@ -379,6 +424,9 @@ std::vector<GgufPiece> GgufLayout::pieces(const GgufFile& f, const std::string& 
     piece.minus_one = norms_plus_one_ && stem == "output_norm";
     return {piece};
   }
+  // RoPE frequency factors: read into the config (rope_scaling_config), no module's.
+  if (suffix == ".weight" && (stem == "rope_freqs" || stem == "rope_factors_long" || stem == "rope_factors_short"))
+    return {};
   if (stem.rfind("blk.", 0) != 0) throw unknown();
   const size_t dot = stem.find('.', 4);
   if (dot == std::string::npos) throw unknown();

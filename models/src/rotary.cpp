@@ -39,6 +39,17 @@ at::Tensor longrope_inv_freq(const ModelConfig& cfg, int64_t dim, bool long_cont
   return at::reciprocal(ext * at::pow(cfg.rope_theta, exps));
 }
 
+// llama.cpp's rope_freqs: each frequency divided by its factor, in
+// longrope's order of operations (the same quantity).
+at::Tensor divided_inv_freq(double base, int64_t dim, const std::vector<double>& factors) {
+  if (static_cast<int64_t>(factors.size()) != dim / 2)
+    throw ConfigError("rope freq_factors has " + std::to_string(factors.size()) + " entries for a rotary size of " +
+                      std::to_string(dim) + " (it needs " + std::to_string(dim / 2) + ")");
+  at::Tensor f = at::tensor(factors, at::kDouble).to(at::kFloat);
+  at::Tensor exps = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat).div(dim);
+  return at::reciprocal(f * at::pow(base, exps));
+}
+
 // YaRN: frequencies that rotate fewer than beta_slow times over the original
 // context are interpolated (divided by factor), those that rotate more than
 // beta_fast times kept, with a linear ramp between, in Transformers' float32
@@ -72,6 +83,7 @@ at::Tensor rope_inv_freq(const ModelConfig& cfg, int64_t dim, int64_t seq_len) {
   if (s.rope_type == "llama3") return llama3_inv_freq(default_inv_freq(cfg.rope_theta, dim, cpu), s);
   if (s.rope_type == "longrope") return longrope_inv_freq(cfg, dim, seq_len > s.original_max_position_embeddings);
   if (s.rope_type == "yarn") return yarn_inv_freq(cfg.rope_theta, dim, s);
+  if (s.rope_type == "freq_factors") return divided_inv_freq(cfg.rope_theta, dim, s.freq_factors);
   if (s.rope_type == "dynamic") {
     const double max_pos = static_cast<double>(cfg.max_position_embeddings);
     const double len = seq_len > cfg.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;

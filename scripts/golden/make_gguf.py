@@ -300,12 +300,13 @@ def add_decoder_hparams(w, name, cfg, rope_base):
     w.add_rope_freq_base(rope_base)
 
 
-def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
+def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None, extra=None):
     """`model` as llama.cpp's converter writes it; quantize: Q8_0 where rows are whole blocks.
     Returns the state dict gguf-py reads back (dequantized, q/k rows in Transformers' order).
     arch "llama" permutes q/k rows (LlamaModel.permute); "qwen2" does not (Qwen2Model keeps
     Transformers' rotate-half layout, llama.cpp runs it with NEOX rope). vocab: add_bpe_vocab's
-    arguments after the writer, for a real tokenizer instead of placeholder tokens."""
+    arguments after the writer, for a real tokenizer instead of placeholder tokens. extra(w): more
+    keys and tensors (make_gguf_rope.py's RoPE scaling), written after the hyperparameters."""
     permute = arch == "llama"
     w = gguf.GGUFWriter(path, arch)
     back = {}
@@ -321,6 +322,8 @@ def write_llama_gguf(path, cfg, model, quantize, arch="llama", vocab=None):
         w.add_float32(f"{arch}.final_logit_softcapping", cfg.final_logit_softcapping)
     w.add_rope_dimension_count(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
+    if extra is not None:
+        extra(w)
     if vocab is not None:
         add_bpe_vocab(w, *vocab)
     else:
@@ -667,6 +670,8 @@ def main():
     make_gguf_archs.main()
     import make_gguf_spm  # vocab-spm.gguf, a sentencepiece vocabulary, and Transformers' tokenization of it
     make_gguf_spm.main()
+    import make_gguf_rope  # RoPE scaling as llama.cpp writes it: Llama 3's rope_freqs, YaRN, Phi-3's longrope
+    make_gguf_rope.main()
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote {OUT} ({total} bytes), gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}", file=sys.stderr)
 

@@ -138,4 +138,55 @@ TEST(GgufArchitectures, BadMetadataNamesTheFileAndTheField) {
                                                   {v3, "expert_gating_func is 1", "exp_probs_b"});
 }
 
+// RoPE scaling as llama.cpp's converter writes it (scripts/golden/make_gguf_rope.py;
+// F32, 24 positions beyond the original context of 16): Llama 3's rope_freqs
+// tensor, Qwen2's YaRN keys, Phi-3's rope_factors_long / _short tensors. The
+// logits equal Transformers 5.23's on the model with the matching rope_scaling.
+struct RopeCase {
+  const char* stem;
+  const char* rope_type;  // in flexmodel's config for the file
+};
+
+class GgufRopeScaling : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(GgufRopeScaling, LogitsEqualTransformersBeyondTheOriginalContext) {
+  const RopeCase& c = GetParam();
+  const std::string path = data_path(std::string("gguf/") + c.stem + ".gguf");
+  auto f = flex::GgufFile::open(path);
+  EXPECT_EQ(flex::gguf_config_json(*f).at("rope_scaling").at("rope_type"), c.rope_type);
+  auto ref = flex::SafetensorsFile::open(data_path(std::string("gguf/") + c.stem + ".logits.safetensors"));
+  at::NoGradGuard no_grad;
+  auto m = flex::from_pretrained(path);
+  const at::Tensor logits = m->logits(ref->get("input_ids"));
+  EXPECT_TRUE(flex_test::close(logits, ref->get("logits"), 0, 1e-5)) << c.stem;
+  // The same weights with unscaled RoPE give other logits: the scaling is what is checked.
+  EXPECT_GT((logits - ref->get("logits_unscaled")).abs().max().item<double>(), 1e-3) << c.stem;
+  if (ref->contains("input_ids_short"))  // Phi-3 within its original context: the short factors
+    EXPECT_TRUE(flex_test::close(m->logits(ref->get("input_ids_short")), ref->get("logits_short"), 0, 1e-5)) << c.stem;
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, GgufRopeScaling,
+                         ::testing::Values(RopeCase{"llama3-rope-tiny", "freq_factors"},
+                                           RopeCase{"qwen2-yarn-tiny", "yarn"},
+                                           RopeCase{"phi3-longrope-tiny", "longrope"}),
+                         [](const auto& i) {
+                           std::string n = i.param.stem;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+// A rope tensor under another name is refused by name: the scaling cannot be lost silently.
+TEST(GgufRopeScaling, AnUnknownRopeTensorIsRefusedByName) {
+  std::string b = flex::read_file(data_path("gguf/llama3-rope-tiny.gguf"));
+  const std::string from = "rope_freqs.weight", to = "rope_freqs.wexght";
+  const size_t at = b.find(from);
+  ASSERT_NE(at, std::string::npos);
+  b.replace(at, from.size(), to);
+  flex_test::TempDir dir;
+  const std::string renamed = dir.str("renamed.gguf");
+  std::ofstream(renamed, std::ios::binary) << b;
+  flex_test::expect_error<flex::UnsupportedError>([&] { flex::from_pretrained(renamed); },
+                                                  {renamed, "'rope_freqs.wexght'"});
+}
+
 }  // namespace

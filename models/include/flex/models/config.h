@@ -18,7 +18,7 @@ namespace flex {
 
 /// rope_scaling ("type" or "rope_type").
 struct RopeScaling {
-  std::string rope_type = "default";  // default | linear | dynamic | llama3 | longrope | yarn
+  std::string rope_type = "default";  // default | linear | dynamic | llama3 | longrope | yarn | freq_factors
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
@@ -33,6 +33,9 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 0.0, mscale_all_dim = 0.0;
   bool truncate = true;
+  // freq_factors (llama.cpp's rope_freqs tensor, e.g. Llama 3.1 GGUF files):
+  // frequency i is base^(-2i/dim) / freq_factors[i].
+  std::vector<double> freq_factors;
 
   /// The factor on cos and sin: the attention factor for longrope and yarn, else 1.
   double cos_sin_scale() const { return rope_type == "yarn" || rope_type == "longrope" ? attention_factor : 1.0; }
