@@ -37,15 +37,22 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
   if (c.input_ids.scalar_type() != at::kLong) c.input_ids = c.input_ids.to(at::kLong);
   const int64_t batch = c.input_ids.size(0), t = c.input_ids.size(1);
   if (t == 0 || batch == 0) throw ShapeError(who + ": input_ids is empty, shape " + shape_text(c.input_ids.sizes()));
-  if (!c.input_ids.is_meta()) {
+  if (const Value* v = inputs.find("past_key_values")) c.cache = KVCache::from_value(*v);
+  // A static cache (generate's static decode step, decision 51): no value is
+  // read back to the host (a CUDA graph cannot), so the checks on values go;
+  // the step's caller checked its inputs once.
+  const bool static_step = c.cache && c.cache->is_static();
+  if (!c.input_ids.is_meta() && !static_step) {
     const int64_t lo = c.input_ids.min().item<int64_t>(), hi = c.input_ids.max().item<int64_t>();
     if (lo < 0 || hi >= cfg.vocab_size)
       throw ShapeError(who + ": token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary [0, " +
                        std::to_string(cfg.vocab_size) + ")");
   }
 
-  if (const Value* v = inputs.find("past_key_values")) c.cache = KVCache::from_value(*v);
-  c.past = c.cache ? c.cache->seq_length(0) : 0;
+  // Static: the query's slot is taken to be the last ones, so the causal part
+  // of the mask allows every slot and the attention mask alone hides the
+  // unwritten ones.
+  c.past = !c.cache ? 0 : static_step ? c.cache->capacity() - t : c.cache->seq_length(0);
 
   c.attention_mask = named_tensor(inputs, "attention_mask", who);
   if (c.attention_mask.defined()) {
@@ -55,7 +62,7 @@ ModelCall read_call(const Inputs& inputs, const ModelConfig& cfg, const std::str
     c.attention_mask = c.attention_mask.ne(0);
     // An all-ones mask masks nothing: drop it so the unpadded path is taken
     // (a mask on meta has no values to look at: it is kept).
-    if (!c.attention_mask.is_meta() && c.attention_mask.all().item<bool>()) c.attention_mask = at::Tensor();
+    if (!c.attention_mask.is_meta() && !static_step && c.attention_mask.all().item<bool>()) c.attention_mask = at::Tensor();
   }
 
   c.position_ids = named_tensor(inputs, "position_ids", who);

@@ -62,6 +62,15 @@ at::Tensor window_mask(int64_t t, int64_t s, int64_t window, const c10::Device& 
   return k.gt(q - window).view({1, 1, t, s});
 }
 
+// The same for a static cache (decision 51): the queries sit at the device
+// slots `cache_position` [t], not at the end (later slots are unwritten and
+// masked by the caller's attention mask).
+at::Tensor static_window_mask(const at::Tensor& cache_position, int64_t s, int64_t window) {
+  const int64_t t = cache_position.size(0);
+  at::Tensor k = at::arange(0, s, cache_position.options()).unsqueeze(0);
+  return k.gt(cache_position.view({t, 1}) - window).view({1, 1, t, s});
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -169,7 +178,9 @@ Value DecoderAttention::forward(Inputs inputs) {
   // Within the first `sliding_window` positions the window hides nothing:
   // leaving it out keeps the plain causal mask (and its fused kernel).
   if (cfg_.layer_slides(layer_idx_) && s > cfg_.sliding_window) {
-    at::Tensor win = window_mask(t, s, cfg_.sliding_window, x.device());
+    at::Tensor win = call.cache && call.cache->is_static()
+                         ? static_window_mask(call.cache->cache_position(), s, cfg_.sliding_window)
+                         : window_mask(t, s, cfg_.sliding_window, x.device());
     allowed = allowed.defined() ? allowed.logical_and(win) : win;
   }
   at::Tensor z = detail::attend(q, k, v, allowed, ao, *hook_attn_probs).transpose(1, 2);  // [B, T, H, D]
@@ -273,7 +284,7 @@ ScaledEmbedding::ScaledEmbedding(std::string cls, int64_t num, int64_t dim, doub
 
 Value ScaledEmbedding::forward(Inputs inputs) {
   const at::Tensor rows = Embedding::forward(std::move(inputs)).toTensor();
-  return rows * embed_scale.to(weight.scalar_type());
+  return rows * embed_scale.to(rows.scalar_type());  // the rows' dtype: a quantized table is bytes
 }
 
 DecoderModel::DecoderModel(const Arch& arch, const ModelConfig& cfg, const at::TensorOptions& opts)

@@ -2,6 +2,9 @@
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
 #include <flex/models/generate.h>
+#include <flex/models/static_decode.h>
+
+#include "generate_taps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -76,6 +79,8 @@ std::pair<at::Tensor, at::Tensor> pad_left(const std::vector<std::vector<int64_t
 
 GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                         const GenerateOptions& opts) {
+  if (opts.static_step || opts.cuda_graph) return generate_static(model, input_ids, attention_mask, opts);
+  detail::GenerateTaps taps(model, opts.taps);
   // The prompt goes to the device of the module that consumes it; the tokens
   // come back on the prompt's own device.
   const c10::Device device = input_device(model);
@@ -85,6 +90,7 @@ GenerateOutput generate(CausalLM& model, const at::Tensor& input_ids, const at::
                                 attention_mask.defined() ? attention_mask.to(device) : attention_mask, opts);
   out.sequences = out.sequences.to(caller);
   out.attention_mask = out.attention_mask.to(caller);
+  out.taps = taps.take();
   return out;
 }
 

@@ -128,7 +128,8 @@ at::Tensor GPT2Model::run_stage(const StageCall& call) {
     const int64_t t = call.input_ids.size(1);
     // (Values are read only where they exist: a model on meta runs shapes only.)
     if (call.past + t > cfg_.max_position_embeddings ||
-        (!call.position_ids.is_meta() && (call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
+        (!call.position_ids.is_meta() && !(call.cache && call.cache->is_static()) &&
+         (call.position_ids.max().item<int64_t>() >= cfg_.max_position_embeddings ||
                                           call.position_ids.min().item<int64_t>() < 0)))
       throw ShapeError("GPT2Model: positions up to " + std::to_string(call.past + t) + " exceed n_positions " +
                        std::to_string(cfg_.max_position_embeddings));

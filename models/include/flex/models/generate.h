@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -26,6 +28,25 @@ struct GenerateOptions {
   /// Written after a row has stopped; unset: config pad, else the first stop token, else 0.
   std::optional<int64_t> pad_token_id;
   bool use_cache = true;  // false: recompute the whole sequence every step
+  /// The static decode step (design decision 51): after the prompt, every
+  /// step has the same shapes (a KV cache of static_capacity slots written at
+  /// a device position, attention over all of them with the unwritten ones
+  /// masked) and reads no value back to the host. Run eagerly here; the
+  /// tokens are the normal decode's, the logits equal within rounding.
+  bool static_step = false;
+  /// The static step recorded once as a CUDA graph and replayed per token
+  /// (implies static_step). The model must sit on one CUDA device:
+  /// UnsupportedError naming the device otherwise (a CPU model, a CPU-only
+  /// build). Registered hooks are recorded too, so they must be device-only
+  /// tensor code (the built-in steer / ablate / SAE edits are).
+  bool cuda_graph = false;
+  /// KV slots of the static step; 0: the smallest power of two >= 256 that
+  /// holds the prompt and max_new_tokens (one graph per bucket).
+  int64_t static_capacity = 0;
+  /// Modules whose output (its first tensor) each model call copies out into
+  /// GenerateOutput::taps; with cuda_graph a graph node copies into a static
+  /// buffer that is read after each replay.
+  std::vector<std::string> taps;
 };
 
 struct GenerateOutput {
@@ -33,6 +54,9 @@ struct GenerateOutput {
   at::Tensor attention_mask;  // [B, T + n]
   int64_t prompt_length = 0;  // T
   std::vector<int64_t> num_generated;  // per row, the stop token included
+  /// Per opts.taps name, one tensor per model call (the prompt's [B, T, ...],
+  /// then each step's [B, 1, ...]), on the model's device.
+  std::map<std::string, std::vector<at::Tensor>> taps;
   /// Row b's new tokens (without the padding after its stop).
   std::vector<int64_t> new_tokens(int64_t row) const;
 };
