@@ -616,9 +616,15 @@ def write_vocab_ggufs():
                                        encoding="utf-8"))["model"]["merges"]]
     g2, g2m = gpt2_prefix_tokenizer(300, llama_bpe=False)
     l3, l3m = gpt2_prefix_tokenizer(300, llama_bpe=True)
+    # SmolLM's pre-tokenizer (llama.cpp's "smollm"): each digit alone, then GPT-2's byte-level split.
+    from tokenizers import pre_tokenizers
+    sm, smm = gpt2_prefix_tokenizer(300, llama_bpe=False)
+    sm.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False)])
     jobs = [("vocab-qwen2.gguf", qwen, qmerges, "qwen2", {"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, None),
             ("vocab-gpt2.gguf", g2, g2m, "gpt-2", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, False),
-            ("vocab-llama-bpe.gguf", l3, l3m, "llama-bpe", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, True)]
+            ("vocab-llama-bpe.gguf", l3, l3m, "llama-bpe", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, True),
+            ("vocab-smollm.gguf", sm, smm, "smollm", {"bos": "<|endoftext|>", "eos": "<|endoftext|>"}, False)]
     for name, tok, merges, pre, special, add_bos in jobs:
         write_vocab_gguf(os.path.join(OUT, name), tok, merges, pre, special, add_bos)
         ids = [tok.encode(s, add_special_tokens=True).ids for s in VOCAB_STRINGS]

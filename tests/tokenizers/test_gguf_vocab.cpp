@@ -60,6 +60,9 @@ TEST(GgufVocab, Gpt2PrefixMatchesTokenizersPackage) { check_file("vocab-gpt2.ggu
 
 TEST(GgufVocab, LlamaBpeWithBosMatchesTokenizersPackage) { check_file("vocab-llama-bpe.gguf"); }
 
+// SmolLM's pre-tokenizer ("smollm"): digits one by one, then GPT-2's split.
+TEST(GgufVocab, SmollmDigitsMatchTokenizersPackage) { check_file("vocab-smollm.gguf"); }
+
 // A sentencepiece vocabulary (tokenizer.ggml.model "llama": pieces, scores,
 // token types, <0xNN> byte tokens, no merges) against Transformers 5.23's
 // tokenizer for the same file (scripts/golden/make_gguf_spm.py): merges rebuilt

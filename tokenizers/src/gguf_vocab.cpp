@@ -233,9 +233,14 @@ std::unique_ptr<Tokenizer> load_impl(const std::string& path) {
           BpeSpec::PreTokenizeStep::split_on(SplitPattern::regex(pre == "qwen2" ? kQwen2Regex : kLlama3Regex, where),
                                              SplitBehavior::Isolated),
           BpeSpec::PreTokenizeStep::byte_level(false, false)};
+    } else if (pre == "smollm") {
+      // SmolLM's tokenizer.json: Digits(individual_digits) then GPT-2's ByteLevel split.
+      spec.pre_tokenizer = {BpeSpec::PreTokenizeStep::split_on(SplitPattern::regex("\\p{N}", where),
+                                                               SplitBehavior::Isolated),
+                            BpeSpec::PreTokenizeStep::byte_level(false, true)};
     } else {
       throw UnsupportedError(cat(where, " '", pre,
-                                 "' is not supported (known: 'gpt-2', 'llama-bpe', 'llama3', 'qwen2')"));
+                                 "' is not supported (known: 'gpt-2', 'llama-bpe', 'llama3', 'qwen2', 'smollm')"));
     }
     spec.decoder = std::vector<BpeSpec::DecodeStep>{
         {BpeSpec::DecodeStep::Kind::ByteLevel, "", "", 0, 0, BpeSpec::PrependScheme::Always}};
