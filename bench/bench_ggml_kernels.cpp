@@ -12,7 +12,9 @@
 // shared machine's interruptions drop out), in GB/s of stored bytes; decode
 // with T threads reads at most T times that.
 //
-//   ./bench_ggml_kernels [--iters N] [--threads T] | --per-core
+// --type NAME: only that type (Q8_0, Q4_0, ..., Q6_K).
+//
+//   ./bench_ggml_kernels [--iters N] [--threads T] [--type NAME] | --per-core
 #include "bench_util.h"
 
 #include <flex/kernels/cpu_isa.h>
@@ -68,11 +70,50 @@ int per_core() {
   return 0;
 }
 
+// --quantile TYPE: each call from memory timed alone (a 5632 x 2048 weight,
+// copies over 0.8 GB, 2 threads), decode float and Q8, and the 10th / 50th
+// percentile of the calls' GB/s: on a shared machine the low percentile is
+// the calls that the other load left alone.
+int quantile(const std::string& only) {
+  const int64_t N = 5632, K = 2048;
+  for (const auto& [name, type] : {std::pair<const char*, uint32_t>{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_K", 12}, {"Q6_K", 14}}) {
+    if (only != name) continue;
+    const int64_t bytes = N * flex::ggml_row_bytes(type, K);
+    std::vector<at::Tensor> w;
+    for (int64_t c = 0; c < 800000000 / bytes; ++c) w.push_back(random_blocks(type, N, K));
+    const at::Tensor x1 = at::randn({1, K});
+    std::vector<double> t[2];
+    for (int rep = 0; rep < 6; ++rep)
+      for (int a = 0; a < 2; ++a)
+        for (auto& wc : w) {
+          const auto t0 = std::chrono::steady_clock::now();
+          flex::ggml_linear(type, wc, N, K, x1, at::Tensor(), a ? flex::GgmlActivations::Q8 : flex::GgmlActivations::Float);
+          t[a].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+    for (int a = 0; a < 2; ++a) {
+      std::sort(t[a].begin(), t[a].end());
+      std::printf("%s %d threads %-5s p10 %.1f GB/s  p50 %.1f GB/s\n", name, at::get_num_threads(), a ? "Q8" : "float",
+                  bytes / t[a][t[a].size() / 10] / 1e9, bytes / t[a][t[a].size() / 2] / 1e9);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--per-core") return per_core();
+  if (argc >= 3 && std::string(argv[1]) == "--quantile") {
+    at::set_num_threads(argc >= 4 ? std::atoi(argv[3]) : 2);
+    return quantile(argv[2]);
+  }
+  std::string only;
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--type" && i + 1 < argc) only = argv[++i];
+    else rest.push_back(argv[i]);
+  }
   bench::ForwardArgs args;
   args.iters = 3;
-  if (!bench::parse_forward_args(argc, argv, args)) return 2;
+  if (!bench::parse_forward_args(static_cast<int>(rest.size()), rest.data(), args)) return 2;
   at::set_num_threads(args.threads);
   const int64_t N = 5632, K = 2048;
   at::manual_seed(0);
@@ -84,6 +125,7 @@ int main(int argc, char** argv) {
   const std::pair<const char*, uint32_t> types[] = {{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q5_0", 6},
                                                     {"Q5_1", 7}, {"Q4_K", 12}, {"Q5_K", 13}, {"Q6_K", 14}};
   for (const auto& [name, type] : types) {
+    if (!only.empty() && only != name) continue;
     const int64_t bytes = N * flex::ggml_row_bytes(type, K);
     const int64_t copies = std::max<int64_t>(4, 800000000 / bytes);
     std::vector<at::Tensor> w;

@@ -14,6 +14,10 @@ struct Q8Rows {
   const int32_t* s16;  // [M, K / 16] the sum of each 16 codes
   const float* ds16;   // [M, K / 16] that sum times its block's scale
   const float* ds32;   // [M, K / 32] the sum of each 32 codes times their scale
+  // [M, K] the codes again, per 4 blocks (128 values) in the order of 4
+  // blocks' nibbles (ggml_gemv_q8_avx512.inc): the 16 first values of each
+  // block, then the 16 last of each. Null where K / 32 is not a multiple of 8.
+  const int8_t* qn;
   int64_t M;
 };
 

@@ -154,7 +154,10 @@ struct Q8Buffer {
   std::vector<int32_t> s16;
   std::vector<float> ds16;
   std::vector<float> ds32;
-  Q8Rows rows(int64_t M) const { return {q.data(), d.data(), s16.data(), ds16.data(), ds32.data(), M}; }
+  std::vector<int8_t> qn;
+  Q8Rows rows(int64_t M) const {
+    return {q.data(), d.data(), s16.data(), ds16.data(), ds32.data(), qn.empty() ? nullptr : qn.data(), M};
+  }
 };
 
 Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
@@ -185,6 +188,15 @@ Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
       b.ds16[2 * i + h] = d * static_cast<float>(s);
     }
     b.ds32[i] = d * static_cast<float>(b.s16[2 * i] + b.s16[2 * i + 1]);
+  }
+  // The nibble-ordered copy (Q8Rows::qn): 4 blocks' low halves, then their
+  // high halves, so 4 blocks of 4-bit codes meet their inputs as stored.
+  if ((K / 32) % 8 == 0) {
+    b.qn.resize(b.q.size());
+    for (int64_t g = 0; g < M * K / 128; ++g)
+      for (int k = 0; k < 4; ++k)
+        for (int h = 0; h < 2; ++h)
+          std::memcpy(&b.qn[128 * g + 64 * h + 16 * k], &b.q[128 * g + 32 * k + 16 * h], 16);
   }
   return b;
 }
