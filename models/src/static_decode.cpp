@@ -131,7 +131,21 @@ at::Tensor StaticStep::replay() {
       side.synchronize();
       cuda_graph_ = std::make_unique<at::cuda::CUDAGraph>();
       cuda_graph_->capture_begin(shared_graph_pool());
-      graph_logits_ = run();
+      try {
+        graph_logits_ = run();
+      } catch (const c10::Error& e) {
+        // Typically a value read back to the host (.item(), a data-dependent
+        // shape) in a hook or module: the capture cannot hold it.
+        try {
+          cuda_graph_->capture_end();
+        } catch (const c10::Error&) {
+        }
+        cuda_graph_.reset();
+        throw UnsupportedError(std::string("generate(cuda_graph): the decode step cannot be recorded as a CUDA graph "
+                                           "(a hook or module reads a value back to the host or changes shape; "
+                                           "static_step runs it eagerly): ") +
+                               e.what_without_backtrace());
+      }
       cuda_graph_->capture_end();
       side.synchronize();
     }

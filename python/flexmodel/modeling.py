@@ -1,6 +1,7 @@
 """Models: ``from_pretrained`` and the model object it returns."""
 import json
 import os
+import warnings
 
 from . import _C
 from ._arguments import device_map_json, device_name, dtype_name, max_memory_json, quantization
@@ -45,26 +46,47 @@ class PreTrainedModel:
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens=20, do_sample=False, temperature=1.0,
                  top_k=0, top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, use_cache=True,
-                 steer=None, ablate=None, patch=None, force_experts=None, ban_experts=None, scale_experts=None):
-        """Greedy (or seeded sampled) generation; returns the sequences ``[B, T + new]``.
+                 steer=None, ablate=None, patch=None, force_experts=None, ban_experts=None, scale_experts=None,
+                 edits=None, taps=None, cuda_graph=False, static_step=False, static_capacity=0):
+        """Greedy (or seeded sampled) generation; returns the sequences ``[B, T + new]``, or with ``taps``
+        ``(sequences, {name: [tensor per model call]})`` (the prompt's ``[B, T, ...]``, then each step's).
 
         The edits are the command line's: ``steer={name: (vector, alpha)}``,
         ``ablate=[name, (attention_name, head), ...]``, ``patch={name: tensor}``,
         ``force_experts={block: [e, ...]}``, ``ban_experts={block: [e, ...]}``,
-        ``scale_experts={expert: factor}``. They apply to every forward (prompt and each step).
+        ``scale_experts={expert: factor}``; ``edits={name: fn}`` adds editing functions (a
+        ``flexmodel.edits`` one or any Python callable ``fn(activation) -> activation``). They apply to
+        every forward (prompt and each step).
+
+        ``cuda_graph=True`` records the decode step once as a CUDA graph (a model on one CUDA device;
+        the CLI's ``--cuda-graph``); ``static_step=True`` runs the same static step eagerly on any device
+        (design decision 51). Python editing functions and patches cannot be recorded (they run Python or
+        track positions on the host): generation then decodes eagerly, with a warning.
         """
-        edits = _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, self._lm, use_cache)
+        built = _edits_of(steer, ablate, patch, force_experts, ban_experts, scale_experts, self._lm, use_cache)
+        # A Python callable gets the activation only (the engine passes the module too).
+        built += [(name, fn if isinstance(fn, _C.Edit) else (lambda module, a, fn=fn: fn(a)))
+                  for name, fn in (edits or {}).items()]
+        if cuda_graph:
+            python_fns = [name for name, fn in (edits or {}).items() if not isinstance(fn, _C.Edit)]
+            why = ("Python editing functions (on " + ", ".join(python_fns) + ")" if python_fns
+                   else "patch (it tracks positions on the host)" if patch else None)
+            if why:
+                warnings.warn("generate(cuda_graph=True): " + why + " cannot be recorded in a CUDA graph; "
+                              "decoding eagerly instead", RuntimeWarning, stacklevel=2)
+                cuda_graph = False
         stop = None if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
-        fm = _C.FlexModel(self._lm) if edits else None
+        fm = _C.FlexModel(self._lm) if built else None
         try:
-            for name, edit in edits:
+            for name, edit in built:
                 fm.register(name, "forward", None, edit, 0, False, False)
-            sequences, _ = self._lm.generate(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
-                                             top_p, seed, stop, pad_token_id, use_cache)
+            sequences, _, tapped = self._lm.generate(input_ids, attention_mask, max_new_tokens, do_sample,
+                                                     temperature, top_k, top_p, seed, stop, pad_token_id, use_cache,
+                                                     static_step, cuda_graph, int(static_capacity), list(taps or []))
         finally:
             if fm is not None:
                 fm.restore()
-        return sequences
+        return (sequences, tapped) if taps else sequences
 
     # --- the module tree -----------------------------------------------------------
     def named_modules(self):

@@ -122,7 +122,8 @@ void bind_modules(py::module_& m) {
           [](CausalLM& self, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
              int64_t max_new_tokens, bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed,
              const std::optional<std::vector<int64_t>>& stop_tokens, const std::optional<int64_t>& pad_token_id,
-             bool use_cache) {
+             bool use_cache, bool static_step, bool cuda_graph, int64_t static_capacity,
+             const std::vector<std::string>& taps) {
             GenerateOptions g;
             g.max_new_tokens = max_new_tokens;
             g.do_sample = do_sample;
@@ -133,14 +134,19 @@ void bind_modules(py::module_& m) {
             g.stop_tokens = stop_tokens;
             g.pad_token_id = pad_token_id;
             g.use_cache = use_cache;
+            g.static_step = static_step;
+            g.cuda_graph = cuda_graph;
+            g.static_capacity = static_capacity;
+            g.taps = taps;
             py::gil_scoped_release nogil;
             const GenerateOutput out = generate(self, input_ids, attention_mask.value_or(at::Tensor()), g);
-            return std::make_tuple(out.sequences, out.num_generated);
+            return std::make_tuple(out.sequences, out.num_generated, out.taps);
           },
           py::arg("input_ids"), py::arg("attention_mask") = py::none(), py::arg("max_new_tokens") = 20,
           py::arg("do_sample") = false, py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
           py::arg("seed") = 0, py::arg("stop_tokens") = py::none(), py::arg("pad_token_id") = py::none(),
-          py::arg("use_cache") = true);
+          py::arg("use_cache") = true, py::arg("static_step") = false, py::arg("cuda_graph") = false,
+          py::arg("static_capacity") = 0, py::arg("taps") = std::vector<std::string>{});
 
   m.def(
       "from_pretrained",

@@ -42,6 +42,9 @@ const std::vector<Flag>& generate_flags() {
         {"--clamp-feature", "[I:]F=V", "set feature F of the I-th --sae to V at every position", true},
         {"--scale-feature", "[I:]F=S", "multiply feature F of the I-th --sae by S", true},
         {"--ablate-feature", "[I:]F", "zero feature F of the I-th --sae", true},
+        {"--cuda-graph", "", "decode with a static KV cache, the step recorded once as a CUDA graph and replayed "
+                             "per token (a model on one CUDA device; edits become graph nodes; with --patch: "
+                             "eager decode, with a note)"},
         {"--log-level", "LEVEL", "error|warn|info|debug (default: $FLEXMODEL_LOG, else warn)"},
     };
     for (auto& l : sae_flags("replace-with-error")) f.push_back(l);
@@ -253,6 +256,13 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   // The parallel model keeps no KV cache: every step runs the whole sequence.
   g.use_cache = !ranks.mesh;
+  g.cuda_graph = args.has("--cuda-graph");
+  if (g.cuda_graph && ranks.mesh) throw UsageError("--cuda-graph decodes on one device; it does not combine with a mesh");
+  if (g.cuda_graph && args.has("--patch")) {
+    // A patch tracks the absolute position on the host, which a replay does not run.
+    std::cerr << "note: --patch with --cuda-graph: decoding eagerly (a patch tracks positions on the host)\n";
+    g.cuda_graph = false;
+  }
   std::shared_ptr<CausalLM> model;
   std::shared_ptr<ParallelCausalLM> parallel;
   if (ranks.mesh) parallel = load_parallel_model(dir, args, *ranks.mesh);
