@@ -24,28 +24,43 @@ void fill(at::Tensor& t, double v) {
   at::NoGradGuard guard;
   t.fill_(v);
 }
+
+// A weight format's extra tensors (DenseLayer's and Embedding's), buffers in
+// stable slots: a name seen before replaces its tensor (`set`), a new one
+// gets a slot and is registered (`add`).
+template <class Set, class Add>
+void store_format_tensors(std::map<std::string, at::Tensor>& slots,
+                          const std::vector<std::pair<std::string, at::Tensor>>& extra, Set set, Add add) {
+  for (const auto& [name, t] : extra) {
+    if (slots.count(name)) {
+      set(name, t);
+    } else {
+      add(name, slots[name], t);
+    }
+  }
+}
+
+const at::Tensor& find_format_tensor(const std::map<std::string, at::Tensor>& slots, const std::string& name,
+                                     const std::string& class_name) {
+  auto it = slots.find(name);
+  if (it == slots.end()) throw NotFoundError(class_name + " has no tensor '" + name + "'");
+  return it->second;
+}
 }  // namespace
 
 void DenseLayer::set_weight_format(std::shared_ptr<const WeightFormat> format, at::Tensor stored_weight,
                                    std::vector<std::pair<std::string, at::Tensor>> extra) {
   if (!format) throw ConfigError(class_name() + ": set_weight_format needs a format");
   replace_parameter("weight", std::move(stored_weight), false);
-  for (auto& [name, t] : extra) {
-    if (format_tensors_.count(name)) {
-      set_tensor(name, t);
-    } else {
-      at::Tensor& slot = format_tensors_[name];
-      add_buffer(name, slot, t);
-    }
-  }
+  store_format_tensors(
+      format_tensors_, extra, [this](const std::string& n, const at::Tensor& t) { set_tensor(n, t); },
+      [this](const std::string& n, at::Tensor& slot, const at::Tensor& t) { add_buffer(n, slot, t); });
   set_class_name(format->class_name());
   format_ = std::move(format);
 }
 
 const at::Tensor& DenseLayer::format_tensor(const std::string& name) const {
-  auto it = format_tensors_.find(name);
-  if (it == format_tensors_.end()) throw NotFoundError(class_name() + " has no tensor '" + name + "'");
-  return it->second;
+  return find_format_tensor(format_tensors_, name, class_name());
 }
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias, const at::TensorOptions& options)
@@ -109,8 +124,25 @@ Value DenseLayer::forward(Inputs inputs) {
 Value Embedding::forward(Inputs inputs) {
   const at::Tensor& ids = inputs.tensor(0);
   check_input_device(*this, ids, weight, "input_ids");
+  if (format_) return format_->rows(*this, ids);
   return at::embedding(weight, ids);
 }
+
+void Embedding::set_weight_format(std::shared_ptr<const EmbeddingFormat> format, at::Tensor stored_weight,
+                                  std::vector<std::pair<std::string, at::Tensor>> extra) {
+  if (!format) throw ConfigError(class_name() + ": set_weight_format needs a format");
+  replace_parameter("weight", std::move(stored_weight), false);
+  store_format_tensors(
+      format_tensors_, extra, [this](const std::string& n, const at::Tensor& t) { set_tensor(n, t); },
+      [this](const std::string& n, at::Tensor& slot, const at::Tensor& t) { add_buffer(n, slot, t); });
+  format_ = std::move(format);
+}
+
+const at::Tensor& Embedding::format_tensor(const std::string& name) const {
+  return find_format_tensor(format_tensors_, name, class_name());
+}
+
+at::Tensor Embedding::float_weight() const { return format_ ? format_->dequantize(*this) : weight; }
 
 LayerNorm::LayerNorm(int64_t d, double e, bool affine, const at::TensorOptions& options)
     : Module("LayerNorm"), dim(d), eps(e) {

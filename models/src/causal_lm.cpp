@@ -46,6 +46,9 @@ CausalLM::CausalLM(std::string class_name, ModelConfig cfg) : Module(std::move(c
 
 void CausalLM::tie_weights() {
   if (!cfg_.tie_word_embeddings) return;
+  // A quantized table (quantized_embedding.h) is codes, not a head's weight:
+  // whoever quantized it set the head up.
+  if (input_embeddings()->weight_format()) return;
   output_embeddings()->set_tensor("weight", input_embeddings()->weight);
 }
 

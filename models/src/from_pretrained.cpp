@@ -7,6 +7,7 @@
 #include <flex/models/from_pretrained.h>
 #include <flex/models/gguf_model.h>
 #include <flex/models/model_checkpoint.h>
+#include <flex/models/quantized_embedding.h>
 #include <flex/quant/quantize_model.h>
 
 #include <ATen/ATen.h>
@@ -36,8 +37,10 @@ std::shared_ptr<CausalLM> load_any(const std::string& dir, const PretrainedOptio
 
 std::shared_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& o) {
   check_quantize_head(o.quantize_head);
+  check_quantize_embeddings(o.quantize_embeddings);
   std::shared_ptr<CausalLM> model = load_any(dir, o);
   quantize_output_head(*model, o.quantize_head);
+  quantize_input_embeddings(*model, o.quantize_embeddings);
   return model;
 }
 

@@ -13,6 +13,7 @@
 #include <flex/kernels/ggml_linear.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/config.h>
+#include <flex/models/quantized_embedding.h>
 #include <flex/quant/ggml_format.h>
 
 #include <ATen/ATen.h>
@@ -87,16 +88,19 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
       if (piece.expert >= 0) shape.erase(shape.begin());
       stored_shape[name] = shape;
       DenseLayer* dense = nullptr;
+      Embedding* embedding = nullptr;  // the token embedding: its rows are dequantized as they are looked up
       const size_t dot = name.rfind('.');
       if (o.gguf_quantized && ggml_linear_supports(info.type) && shape.size() == 2 && piece.keeps_blocks() &&
           name.compare(dot, std::string::npos, ".weight") == 0) {
         try {
-          dense = dynamic_cast<DenseLayer*>(model->get_submodule(name.substr(0, dot)).get());
+          auto m = model->get_submodule(name.substr(0, dot));
+          dense = dynamic_cast<DenseLayer*>(m.get());
+          embedding = dynamic_cast<Embedding*>(m.get());
         } catch (const NotFoundError&) {
           dense = nullptr;  // no such module: the checks below name the tensor
         }
       }
-      if (dense && !dynamic_cast<Conv1D*>(dense)) {
+      if ((dense && !dynamic_cast<Conv1D*>(dense)) || embedding) {
         std::vector<int64_t> rows(info.shape.begin(), info.shape.end() - 1);
         rows.push_back(-1);  // [.., rows, row bytes]
         tensors.emplace(name, layout.apply(*f, g, piece, f->raw(g).view(rows), /*is_float=*/false));
@@ -116,6 +120,7 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
     for (const auto& name : group)
       if (name.rfind(prefix, 0) != 0) tied_out.insert(name);
   std::vector<std::string> missing;
+  std::map<const Embedding*, uint32_t> embedding_types;  // embeddings kept in blocks (token, GPT-2's position)
   {
     at::NoGradGuard no_grad;
     for (const auto& [name, current] : state_dict(*model)) {
@@ -126,7 +131,8 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
       }
       at::Tensor t = it->second;
       if (auto q = quantized.find(name); q != quantized.end()) {
-        auto* dense = dynamic_cast<DenseLayer*>(model->get_submodule(name.substr(0, name.rfind('.'))).get());
+        auto m = model->get_submodule(name.substr(0, name.rfind('.')));
+        auto* dense = dynamic_cast<DenseLayer*>(m.get());
         if (t.size(0) != current.size(0) || stored_shape[name] != current.sizes().vec()) {
           std::ostringstream m;
           m << "GGUF file " << path << ": tensor '" << stored[name] << "' has shape "
@@ -136,7 +142,12 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
         }
         // Views of the mapping unless the rows were reordered (q/k) or mmap is off.
         if (!o.mmap) t = t.clone();
-        store_ggml(*dense, q->second, t, activations, dtype);
+        if (auto* embedding = dynamic_cast<Embedding*>(m.get())) {
+          store_ggml_embedding(*embedding, q->second, t, dtype);
+          embedding_types[embedding] = q->second;
+        } else {
+          store_ggml(*dense, q->second, t, activations, dtype);
+        }
         tensors.erase(it);
         continue;
       }
@@ -164,6 +175,12 @@ std::shared_ptr<CausalLM> gguf_from_pretrained(const std::string& path, const Pr
                           "' is not part of the model its metadata describes (" + std::to_string(tensors.size()) +
                           " such tensor(s))");
   model->tie_weights();
+  // A head tied to a token embedding kept in blocks computes on those same
+  // blocks, as an untied quantized output does (llama.cpp's tied head too).
+  const std::shared_ptr<Embedding> token_embedding = model->input_embeddings();
+  if (auto kept = embedding_types.find(token_embedding.get());
+      kept != embedding_types.end() && model->config().tie_word_embeddings)
+    store_ggml(*model->output_embeddings(), kept->second, token_embedding->weight, activations, dtype);
   model->reset_computed_buffers(at::Device(at::kCPU));
   for (const auto& [name, t] : state_dict(*model))
     if (t.is_meta()) throw NotFoundError("after loading GGUF file " + path + ", '" + name + "' is still on the meta device");

@@ -156,7 +156,8 @@ def _engine_module(module):
 
 
 def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None, torch_dtype=None,
-                    quantization_config=None, mmap=True, fast_activations=False, prefetch_depth=1, quantize_head="none"):
+                    quantization_config=None, mmap=True, fast_activations=False, prefetch_depth=1, quantize_head="none",
+                    quantize_embeddings="none"):
     """Loads a Hugging Face model folder (config.json + safetensors / .bin, sharded or not).
 
     device_map: None (all on CPU), "auto" / "balanced" / "balanced_low_0" / "sequential",
@@ -171,6 +172,10 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     previous block computes (0: off; outputs are bit-equal either way; the CLI's --prefetch-depth).
     quantize_head: "none" (default), "int8", "nf4", "q8_0" or "q6_k": the output head quantized at load
     (a tied embedding stays exact; the CLI's --quantize-head; error in docs/gguf.md).
+    quantize_embeddings: "none" (default), "int8", "nf4", "q8_0" or "q6_k": the input token embedding
+    stored quantized, a lookup dequantizing only its rows (the CLI's --quantize-embeddings); its
+    module's weight is then the stored codes and module.float_weight() the dequantized table. A GGUF
+    file's quantized token_embd stays in its blocks without this option.
     """
     path = os.fspath(path)
     strategy, explicit = None, None
@@ -181,5 +186,5 @@ def from_pretrained(path, device_map=None, max_memory=None, offload_folder=None,
     lm = _C.from_pretrained(path, strategy, explicit, max_memory_json(max_memory),
                             None if offload_folder is None else os.fspath(offload_folder),
                             dtype_name(torch_dtype), quantization(quantization_config), mmap, fast_activations,
-                            int(prefetch_depth), str(quantize_head))
+                            int(prefetch_depth), str(quantize_head), str(quantize_embeddings))
     return PreTrainedModel(lm, path)

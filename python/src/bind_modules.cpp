@@ -10,6 +10,7 @@
 #include <flex/models/architecture.h>
 #include <flex/models/config.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/nn.h>
 #include <flex/models/from_pretrained.h>
 #include <flex/models/generate.h>
 #include <flex/models/gguf_model.h>
@@ -94,6 +95,16 @@ void bind_modules(py::module_& m) {
             return self(x);
           },
           "Runs the module (hooks included) on one positional tensor; its output's first tensor")
+      .def(
+          "float_weight",
+          [](Module& self) -> at::Tensor {
+            if (auto* d = dynamic_cast<DenseLayer*>(&self)) return d->float_weight();
+            if (auto* e = dynamic_cast<Embedding*>(&self)) return e->float_weight();
+            throw ConfigError(self.class_name() +
+                              " has no weight for float_weight() (Linear, Conv1D and Embedding modules have one)");
+          },
+          "The weight in floating point: `weight` itself, or for a quantized layer or embedding its stored codes "
+          "dequantized (a new tensor)")
       .def_property_readonly("hf_device_map_json", [](const Module& self) -> py::object {
         auto map = hf_device_map(self);
         if (!map) return py::none();
@@ -154,7 +165,7 @@ void bind_modules(py::module_& m) {
          const std::optional<std::string>& device_map, const std::optional<std::string>& max_memory,
          const std::optional<std::string>& offload_folder, const std::string& torch_dtype,
          const py::object& quantization_config, bool mmap, bool fast_activations, int prefetch_depth,
-         const std::string& quantize_head) {
+         const std::string& quantize_head, const std::string& quantize_embeddings) {
         PretrainedOptions o =
             pretrained_options(strategy, device_map, max_memory, offload_folder, torch_dtype, quantization_config, mmap);
         if (fast_activations && !is_gguf_file(path))
@@ -163,12 +174,13 @@ void bind_modules(py::module_& m) {
         o.fast_activations = fast_activations;
         o.prefetch_depth = prefetch_depth;
         o.quantize_head = quantize_head;
+        o.quantize_embeddings = quantize_embeddings;
         py::gil_scoped_release nogil;
         return from_pretrained(path, o);
       },
       py::arg("path"), py::arg("strategy"), py::arg("device_map"), py::arg("max_memory"), py::arg("offload_folder"),
       py::arg("torch_dtype"), py::arg("quantization_config"), py::arg("mmap"), py::arg("fast_activations") = false,
-      py::arg("prefetch_depth") = 1, py::arg("quantize_head") = "none");
+      py::arg("prefetch_depth") = 1, py::arg("quantize_head") = "none", py::arg("quantize_embeddings") = "none");
 
   m.def("knows_model_type", [](const std::string& model_type) { return find_architecture(model_type) != nullptr; },
         "Whether flexmodel has an architecture for this config.model_type");

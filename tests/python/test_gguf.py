@@ -120,6 +120,40 @@ def test_quantize_head_q8_0_keeps_the_head_hooked_and_near_float():
         raise AssertionError("no error for quantize_head='q4_k'")
 
 
+def test_quantize_embeddings_keep_the_embedding_hooked_and_float_weight_dequantizes():
+    """from_pretrained(..., quantize_embeddings="q8_0") on a safetensors folder: the embedding
+    keeps its name and hook, its weight is the stored bytes and float_weight() the table, whose
+    rows the embedding's capture holds bit for bit; a GGUF's Q8_0 token_embd is kept the same way
+    without the option; an unknown format is a ConfigError naming the option
+    (tests/quant/test_quantize_embeddings.cpp measures the error)."""
+    ids = load_file(str(DATA.parent / "gguf" / "llama-tiny.logits.safetensors"))["input_ids"]
+    float_model = flexmodel.from_pretrained(FOLDER)
+    f_logits, f = captures(float_model, ids)
+    float_table = dict(float_model.named_parameters())["model.embed_tokens.weight"]
+    for source, options in ((FOLDER, {"quantize_embeddings": "q8_0"}),
+                            (DATA.parent / "gguf" / "llama-tiny-q8_0.gguf", {})):
+        model = flexmodel.from_pretrained(source, **options)
+        q_logits, q = captures(model, ids)
+        embed = model.get_submodule("model.embed_tokens")
+        weight = dict(model.named_parameters())["model.embed_tokens.weight"]
+        assert weight.dtype == torch.uint8, weight.dtype
+        table = embed.float_weight()
+        assert table.dtype == torch.float32 and table.shape == float_table.shape, table.shape
+        assert (table - float_table).abs().max() <= float_table.abs().max() * 6e-3
+        assert torch.equal(q["model.embed_tokens"], table[ids]), source
+        if source == FOLDER:
+            rel = ((q_logits - f_logits).abs().max() / f_logits.abs().max()).item()
+            print(f"llama-tiny q8_0 embeddings: max|logits - float| / max|float logits| {rel:.2e}")
+            assert rel < 2e-2, rel
+            assert torch.equal(q_logits.argmax(-1), f_logits.argmax(-1))
+    try:
+        flexmodel.from_pretrained(FOLDER, quantize_embeddings="q4_k")
+    except flexmodel.errors.ConfigError as e:
+        assert "--quantize-embeddings" in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
+    else:
+        raise AssertionError("no error for quantize_embeddings='q4_k'")
+
+
 ARCHS = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",
          "gpt2": "transformer.h.1.mlp", "gptneox": "gpt_neox.layers.1.attention", "qwen2moe": "model.layers.1.mlp",
          "qwen3moe": "model.layers.1.mlp", "deepseek2": "model.layers.1.self_attn", "deepseek2-v3": "model.layers.1.mlp"}

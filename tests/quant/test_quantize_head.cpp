@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "quantize_fixtures.h"
 #include "test_util.h"
 
 namespace {
@@ -162,34 +163,11 @@ TEST_P(QuantizedHead, LogitsMatchFloat64AndErrorIsMeasured) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedHead,
                          ::testing::Combine(::testing::Values("llama", "llama3-rope-tied", "gpt2"),
                                             ::testing::Values("q8_0", "int8", "nf4")),
-                         [](const auto& info) {
-                           std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           for (char& c : s)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return s;
-                         });
+                         [](const auto& info) { return flex_test::model_format_name(info.param); });
 
 // Q6_K needs 256-value rows: a llama of hidden size 256 built here (random init, fixed seed).
 TEST(QuantizedHeadQ6K, LogitsMatchFloat64AndErrorIsMeasured) {
-  nlohmann::json c;
-  std::ifstream(flex_test::fixture("models/llama/config.json")) >> c;
-  c["hidden_size"] = 256;
-  c["intermediate_size"] = 256;
-  c["num_hidden_layers"] = 1;
-  at::manual_seed(52);
-  auto ref = flex::build_causal_lm(flex::parse_config(c, "llama256"), at::TensorOptions());
-  auto lm = flex::build_causal_lm(flex::parse_config(c, "llama256"), at::TensorOptions());
-  {
-    at::NoGradGuard g;
-    auto sa = flex::state_dict(*ref), sb = flex::state_dict(*lm);
-    ASSERT_EQ(sa.size(), sb.size());
-    for (size_t i = 0; i < sa.size(); ++i) {
-      ASSERT_EQ(sa[i].first, sb[i].first);
-      if (!at::isFloatingType(sa[i].second.scalar_type())) continue;
-      sa[i].second.normal_(0, 0.05);
-      sb[i].second.copy_(sa[i].second);
-    }
-  }
+  auto [ref, lm] = flex_test::twin_llama256();
   const at::Tensor ids = inputs();
   flex::quantize_output_head(*lm, "q6_k");
   check_against_float64(*lm, ids, "llama256 q6_k");

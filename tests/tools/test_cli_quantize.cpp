@@ -100,4 +100,27 @@ TEST(CliQuantize, QuantizeHeadGivesTheLibrarysModel) {
   EXPECT_NE(r.err.find("q6_k"), std::string::npos) << r.err;
 }
 
+// --quantize-embeddings: the embedding's capture (model.embed_tokens, by
+// name) and the logits are the library's model with that table; a bad
+// format is a usage error.
+TEST(CliQuantize, QuantizeEmbeddingsGivesTheLibrarysModel) {
+  flex_test::TempDir tmp;
+  const std::string model = flex_test::fixture("models/llama");
+  auto r = cli_test::run({"capture", model, "--input-ids", kInputs, "--hook", "model.embed_tokens",
+                          "--quantize-embeddings", "int8", "--out", tmp.str("int8.safetensors")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  flex::PretrainedOptions o;
+  o.quantize_embeddings = "int8";
+  auto lm = flex::from_pretrained(model, o);
+  auto f = flex::SafetensorsFile::open(tmp.str("int8.safetensors"));
+  EXPECT_TRUE(flex_test::equal(f->get("logits"), lm->logits(inputs())));
+  const at::Tensor rows = lm->input_embeddings()->float_weight().index_select(0, inputs().reshape({-1}));
+  EXPECT_TRUE(flex_test::equal(f->get("model.embed_tokens").reshape({-1, rows.size(1)}), rows));
+  r = cli_test::run({"capture", model, "--input-ids", kInputs, "--hook", "model.embed_tokens", "--quantize-embeddings",
+                     "q4_k", "--out", tmp.str("never.safetensors")});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--quantize-embeddings"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("q6_k"), std::string::npos) << r.err;
+}
+
 }  // namespace

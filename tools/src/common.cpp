@@ -213,6 +213,9 @@ std::vector<Flag> loading_flags() {
       {"--quantize", "int8|nf4|fp4", "quantize the dense layers while loading (bitsandbytes formats; lm_head stays)"},
       {"--quantize-head", "none|int8|nf4|q8_0|q6_k",
        "quantize the output head at load (default none; the error it adds is in docs/gguf.md)"},
+      {"--quantize-embeddings", "none|int8|nf4|q8_0|q6_k",
+       "store the input token embedding quantized, dequantizing only the rows looked up (default none; "
+       "docs/gguf.md)"},
       {"--no-mmap", "", "copy the weights into memory instead of mapping the checkpoint (faster decoding)"},
       {"--fast-activations", "",
        "GGUF files: quantized layers take their inputs as 8 bits per 32 values with integer dot products, as "
@@ -239,6 +242,11 @@ std::shared_ptr<CausalLM> load_model(const std::string& dir, const Args& args) {
     if (*h != "none" && *h != "int8" && *h != "nf4" && *h != "q8_0" && *h != "q6_k")
       throw UsageError("option --quantize-head must be none, int8, nf4, q8_0 or q6_k, got '" + *h + "'");
     o.quantize_head = *h;
+  }
+  if (auto e = args.get("--quantize-embeddings")) {
+    if (*e != "none" && *e != "int8" && *e != "nf4" && *e != "q8_0" && *e != "q6_k")
+      throw UsageError("option --quantize-embeddings must be none, int8, nf4, q8_0 or q6_k, got '" + *e + "'");
+    o.quantize_embeddings = *e;
   }
   o.mmap = !args.has("--no-mmap");
   o.fast_activations = args.has("--fast-activations");

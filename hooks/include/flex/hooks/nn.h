@@ -83,12 +83,45 @@ class Conv1D : public DenseLayer {
 /// comparison: the first module that consumes a misplaced tensor says so).
 void check_input_device(const Module& module, const at::Tensor& input, const at::Tensor& weight, const char* input_name);
 
+class Embedding;
+
+/// How an Embedding's table is stored when it is not a floating-point
+/// tensor (quantized embeddings: flex/models/quantized_embedding.h). Only
+/// the rows looked up are decoded.
+class EmbeddingFormat {
+ public:
+  virtual ~EmbeddingFormat() = default;
+  /// "Q8_0", "int8", ...: what messages call the stored format.
+  virtual std::string name() const = 0;
+  /// weight[ids] in the compute dtype: ids' shape + [embedding_dim].
+  virtual at::Tensor rows(const Embedding& e, const at::Tensor& ids) const = 0;
+  /// The whole table [num_embeddings, embedding_dim] in the compute dtype.
+  virtual at::Tensor dequantize(const Embedding& e) const = 0;
+};
+
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options = {});
   Value forward(Inputs inputs) override;
   at::Tensor weight;
   int64_t num_embeddings, embedding_dim;
+
+  /// Null for a plain floating-point table.
+  const std::shared_ptr<const EmbeddingFormat>& weight_format() const { return format_; }
+  /// Stores the table in `format`: `stored_weight` replaces `weight` (no
+  /// gradient), `extra` are the format's tensors (persistent buffers, names
+  /// without dots). The module name, class name and hooks stay.
+  void set_weight_format(std::shared_ptr<const EmbeddingFormat> format, at::Tensor stored_weight,
+                         std::vector<std::pair<std::string, at::Tensor>> extra);
+  /// A tensor set_weight_format added; NotFoundError when absent.
+  const at::Tensor& format_tensor(const std::string& name) const;
+  /// The table [num_embeddings, embedding_dim] in floating point: `weight`,
+  /// or the stored format dequantized (a new tensor).
+  at::Tensor float_weight() const;
+
+ private:
+  std::shared_ptr<const EmbeddingFormat> format_;
+  std::map<std::string, at::Tensor> format_tensors_;  // stable slots for the buffers
 };
 
 class LayerNorm : public Module {

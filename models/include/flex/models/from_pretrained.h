@@ -66,6 +66,14 @@ struct PretrainedOptions {
   /// its own quantized copy; the input embedding stays exact. docs/gguf.md
   /// gives the error it adds.
   std::string quantize_head = "none";
+  /// The input token embedding stored quantized at load
+  /// (--quantize-embeddings): "none" (default: bit-identical to loading
+  /// without it), "int8", "nf4" (bitsandbytes' Embedding8bit / EmbeddingNF4
+  /// arithmetic), "q8_0", "q6_k" (ggml blocks); a lookup dequantizes only
+  /// the rows it gathers. A tied head keeps the float table unless
+  /// quantize_head is set too. GGUF files keep a quantized token_embd in its
+  /// blocks without this option. docs/gguf.md gives the error it adds.
+  std::string quantize_embeddings = "none";
   std::ostream* log = nullptr;
 };
 
