@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstring>
 #include <string>
@@ -186,14 +187,24 @@ void gemv_row(Isa isa, const Gemv<T>& a, int64_t m0, int64_t j, float* res) {
   gemv_scalar<T, G>(a, m0, j, res);
 }
 
-// Rows [j0, j1) of out [M, N] (float) for input rows m0 .. m0 + G, one
-// weight row after the other: the thread's reads are one linear stream.
+// The value stored for a float result: itself, or rounded to the nearest
+// bfloat16 (ties to even, as at::Tensor::to rounds).
+inline void store(float v, float* o) { *o = v; }
+inline void store(float v, uint16_t* o) { *o = c10::BFloat16(v).x; }
+
+// Rows [j0, j1) of out [M, N] (the weight's dtype) for input rows m0 .. m0 +
+// G, one weight row after the other: the thread's reads are one linear
+// stream. The bias, if any, is added in float before the one rounding.
 template <typename T, int G>
-void gemv_rows(Isa isa, const Gemv<T>& a, int64_t m0, int64_t j0, int64_t j1, float* out, int64_t N) {
+void gemv_rows(Isa isa, const Gemv<T>& a, const T* bias, int64_t m0, int64_t j0, int64_t j1, T* out, int64_t N) {
   float res[G];
   for (int64_t j = j0; j < j1; ++j) {
     gemv_row<T, G>(isa, a, m0, j, res);
-    for (int g = 0; g < G; ++g) out[(m0 + g) * N + j] = res[g];
+    if (bias != nullptr) {
+      const float b = to_float(bias[j]);
+      for (int g = 0; g < G; ++g) res[g] += b;
+    }
+    for (int g = 0; g < G; ++g) store(res[g], out + (m0 + g) * N + j);
   }
 }
 
@@ -257,9 +268,11 @@ std::string shape_of(const at::Tensor& t) {
 
 bool is_gemv_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat; }
 
-// The product for weights of element type T (x already [M, K], contiguous, of the weight's dtype).
+// The product for weights of element type T (x already [M, K], contiguous,
+// of the weight's dtype): out [M, N] in that dtype.
 template <typename T>
-void run_gemv(const at::Tensor& xc, const at::Tensor& weight, bool out_in, int64_t M, int64_t N, int64_t K, float* op) {
+at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Tensor& bias, bool out_in, int64_t M,
+                    int64_t N, int64_t K) {
   const Isa isa = cpu_isa();
   constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
   // Float multiply-adds need x in float: widened once per call (bf16), or x itself.
@@ -269,6 +282,8 @@ void run_gemv(const at::Tensor& xc, const at::Tensor& weight, bool out_in, int64
                   kBf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr,
                   xf.defined() ? xf.data_ptr<float>() : nullptr, K};
   if (!out_in) {
+    at::Tensor out = at::empty({M, N}, at::kFloat);
+    float* op = out.data_ptr<float>();
     // Chunks of kInOutRows rows, each a contiguous run of the weight that one
     // thread streams whole (a band of columns would be a few KB of each row,
     // too short for the hardware prefetcher), into its own partial sums;
@@ -294,15 +309,22 @@ void run_gemv(const at::Tensor& xc, const at::Tensor& weight, bool out_in, int64
         op[i] = sum;
       }
     });
-    return;
+    if (bias.defined()) out.add_(bias.to(at::kFloat));
+    return out.to(weight.scalar_type());
   }
-  // Blocks of 16 weight rows per task keep each thread on long contiguous reads.
+  at::Tensor out = at::empty({M, N}, weight.options());
+  T* op = static_cast<T*>(out.data_ptr());
+  const at::Tensor b = bias.defined() ? bias.contiguous() : at::Tensor();
+  const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+  // One parallel region; each thread a contiguous range of whole blocks of
+  // 16 weight rows (the split depends on the thread count, a row's sum never).
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
     const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
     for (int64_t m0 = 0; m0 < M; m0 += 8)
       kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
-                         [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, m0, j0, j1, op, N); });
+                         [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
   });
+  return out;
 }
 
 }  // namespace
@@ -354,16 +376,14 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = N;
-  const at::Tensor xc = x.reshape({M, K}).contiguous();
-  at::Tensor out = at::empty({M, N}, at::kFloat);
-  if (M > 0 && N > 0) {
-    if (dtype == at::kBFloat16)
-      run_gemv<uint16_t>(xc, weight, out_in, M, N, K, out.data_ptr<float>());
-    else
-      run_gemv<float>(xc, weight, out_in, M, N, K, out.data_ptr<float>());
+  if (K == 0 || M == 0 || N == 0) {  // an empty sum is zero: the bias alone
+    at::Tensor out = at::zeros(out_shape, weight.options());
+    return bias.defined() ? out.add_(bias) : out;
   }
-  if (bias.defined()) out.add_(bias.to(at::kFloat));
-  return out.to(dtype).view(out_shape);
+  const at::Tensor xc = x.reshape({M, K}).contiguous();
+  const at::Tensor out = dtype == at::kBFloat16 ? run_gemv<uint16_t>(xc, weight, bias, out_in, M, N, K)
+                                                : run_gemv<float>(xc, weight, bias, out_in, M, N, K);
+  return out.view(out_shape);
 }
 
 }  // namespace flex

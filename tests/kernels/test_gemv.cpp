@@ -38,9 +38,11 @@ struct Shape {
 };
 // 1..8 rows (rows 3 and 5..8 take the 2- and 1-weight-row blocks), outputs
 // not a multiple of the blocks (37, 17, 31), inputs leaving tails of every
-// vector width (33, 200, 1000, 7).
+// vector width (33, 200, 1000, 7), and rows of a decode step's length with
+// a tail after the 4-vector steps (4133 = 32 x 129 + 5).
 const std::vector<Shape> kShapes{{1, 64, 128}, {3, 37, 200}, {8, 50, 64}, {4, 17, 256}, {1, 31, 33},
-                                 {2, 70, 1000}, {5, 128, 2048}, {6, 9, 7}, {7, 40, 96}, {1, 1, 1}};
+                                 {2, 70, 1000}, {5, 128, 2048}, {6, 9, 7}, {7, 40, 96}, {1, 1, 1},
+                                 {1, 45, 4133}, {2, 21, 4133}};
 
 TEST(Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
   at::manual_seed(11);
@@ -64,6 +66,13 @@ TEST(Gemv, EqualsTheDoubleReferenceRoundedOnceOnEveryIsa) {
               << " out " << s.out << " in " << s.in << (with_bias ? " bias" : "");
         }
       }
+}
+
+TEST(Gemv, NoInputFeaturesGiveTheBias) {
+  const at::Tensor b = at::randn({5});
+  const at::Tensor got = flex::gemv(at::randn({3, 0}), at::randn({5, 0}), b);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{3, 5}));
+  EXPECT_TRUE(flex_test::equal(got, b.expand({3, 5})));
 }
 
 TEST(Gemv, BatchDimensionsFlattenAndComeBack) {
