@@ -18,7 +18,7 @@
 //   bench_gpu_offload --model DIR --device-map MAP.json [--config NAME]
 //       [--offload-folder DIR] [--prompt-len 512] [--new-tokens 64]
 //       [--repeats 2] [--warmup-tokens 4] [--capture N] [--prefetch-depth D]
-//       [--dtype bfloat16] [--threads T]
+//       [--dtype bfloat16] [--threads T] [--graph-modes 1]
 //   bench_gpu_offload --write-tiny-llama DIR   (a 2-layer float32 Llama for smoke tests)
 //
 // Works without CUDA too (everything then runs on the CPU; no GPU syncs).
@@ -49,12 +49,13 @@ struct Args {
   std::string model, device_map, offload_folder, config = "unnamed", dtype = "bfloat16";
   int64_t prompt_len = 512, new_tokens = 64, warmup_tokens = 4;
   int repeats = 2, capture = 0, prefetch = -1, threads = 0;
+  bool graph_modes = false;  // --graph-modes 1: the decode-mode rows (design decision 51) instead
 };
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s --model DIR --device-map MAP.json [--config NAME] [--offload-folder DIR]\n"
-               "  [--prompt-len 512] [--new-tokens 64] [--repeats 2] [--warmup-tokens 4] [--capture N]\n"
+               "  [--prompt-len 512] [--new-tokens 64] [--repeats 2] [--warmup-tokens 4] [--capture N] [--graph-modes 1]\n"
                "  [--prefetch-depth D] [--dtype bfloat16] [--threads T]\n"
                "  or: %s --write-tiny-llama DIR\n",
                argv0, why.c_str(), argv0, argv0);
@@ -79,6 +80,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--capture") a.capture = std::stoi(v);
     else if (k == "--prefetch-depth") a.prefetch = std::stoi(v);
     else if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--graph-modes") a.graph_modes = v == "1";
     else usage(argv[0], "unknown option " + k);
   }
   if (a.model.empty() || a.device_map.empty()) usage(argv[0], "--model and --device-map are required");
@@ -280,6 +282,77 @@ int main(int argc, char** argv) {
   }
 }
 
+// --graph-modes 1 (gpu-only): flexmodel's decode modes side by side, one
+// generate(model) each (design decision 51): eager, eager with the capture
+// modules as taps, cuda-graph, cuda-graph with the same taps; interleaved per
+// repeat. Decode = (n - 2) / (time of n new tokens - time of 2): the steady
+// state, without the prompt and the first step (where the graph is recorded).
+// Tokens compared with the eager mode's; every tap must hold one tensor per
+// model call.
+static int run_graph_modes(flex::CausalLM& model, const at::Tensor& ids, const Args& a, const nlohmann::json& base,
+                           const std::vector<std::string>& taps) {
+  struct Mode {
+    const char* name;
+    bool graph, tapped;
+  };
+  const std::vector<Mode> modes = {{"eager", false, false}, {"eager", false, true}, {"cuda-graph", true, false},
+                                   {"cuda-graph", true, true}};
+  auto timed = [&](const Mode& m, int64_t n, flex::GenerateOutput* out) {
+    flex::GenerateOptions g;
+    g.max_new_tokens = n;
+    g.stop_tokens = std::vector<int64_t>{};
+    g.pad_token_id = 0;
+    // On the CPU (a dry run) the static step runs eagerly instead of a graph.
+    g.cuda_graph = m.graph && ids.is_cuda();
+    g.static_step = m.graph && !ids.is_cuda();
+    if (m.tapped) g.taps = taps;
+    sync_device(ids);
+    const auto t0 = Clock::now();
+    flex::GenerateOutput o = flex::generate(model, ids, at::Tensor(), g);
+    sync_device(o.sequences);
+    const double s = seconds_since(t0, Clock::now());
+    if (out) *out = std::move(o);
+    return s;
+  };
+  for (const Mode& m : modes) timed(m, std::min<int64_t>(a.warmup_tokens, a.new_tokens), nullptr);  // warm-up
+  bool ok = true;
+  for (int run = 0; run < a.repeats; ++run) {
+    std::vector<int64_t> eager_tokens;
+    for (const Mode& m : modes) {
+      flex::GenerateOutput out;
+      const double t2 = timed(m, 2, nullptr);
+      const double tn = timed(m, a.new_tokens, &out);
+      const std::vector<int64_t> tokens = out.new_tokens(0);
+      if (eager_tokens.empty()) eager_tokens = tokens;
+      nlohmann::json j = base;
+      j["mode"] = m.graph && !ids.is_cuda() ? "static-step" : m.name;
+      j["capture"] = m.tapped ? static_cast<int>(taps.size()) : 0;
+      j["run"] = run;
+      j["prompt_ms"] = nullptr;
+      j["decode_tok_s"] = tn > t2 ? static_cast<double>(a.new_tokens - 2) / (tn - t2) : 0.0;
+      j["total_s"] = tn;
+      j["generated"] = static_cast<int64_t>(tokens.size());
+      j["tokens_head"] = std::vector<int64_t>(tokens.begin(), tokens.begin() + std::min<size_t>(8, tokens.size()));
+      j["tokens_match_plain"] = tokens == eager_tokens;
+      bool taps_ok = true;
+      if (m.tapped)
+        for (const auto& name : taps) {
+          auto it = out.taps.find(name);
+          taps_ok = taps_ok && it != out.taps.end() && static_cast<int64_t>(it->second.size()) == a.new_tokens;
+        }
+      j["captures_on_cpu_ok"] = taps_ok;  // (the table's capture check; taps stay on the device)
+      ok = ok && taps_ok && tokens == eager_tokens && static_cast<int64_t>(tokens.size()) == a.new_tokens;
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!ok) {
+    std::fprintf(stderr, "bench_gpu_offload: a decode mode gave other tokens, too few tokens or incomplete taps\n");
+    return 3;
+  }
+  return 0;
+}
+
 static int run_bench(const Args& a) {
   if (a.threads > 0) at::set_num_threads(a.threads);
 
@@ -374,6 +447,7 @@ static int run_bench(const Args& a) {
   base["device_map_counts"] = counts;
 
   at::NoGradGuard no_grad;
+  if (a.graph_modes) return run_graph_modes(*model, ids, a, base, capture_names);
   // Warm-up (allocator, kernels, page cache), both paths.
   timed_generate(plain, cfg, ids, a.warmup_tokens);
   if (!capture_names.empty()) {

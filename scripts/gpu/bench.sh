@@ -10,7 +10,8 @@
 # (plain and with 12 forward hooks copying MLP outputs to the CPU; it writes
 # model.hf_device_map), then ours with exactly that map: prefetch on with and
 # without capturing the same 12 modules (interleaved in one process), prefetch
-# off; prefetch depth 2 at the end if time remains. Every step is a separate
+# off; prefetch depth 2 at the end if time remains. On gpu-only also our
+# decode modes (eager / cuda-graph, with and without 12 taps; --graph-modes). Every step is a separate
 # process under `timeout`, and the whole run stops starting steps at a
 # deadline, so a hang cannot eat the GPU lease. Writes OUTDIR/bench.jsonl (one
 # JSON line per run), OUTDIR/bench.md (the table, printed at the end),
@@ -139,6 +140,13 @@ run_config() {
 third=$((layers / 3))
 half=$((layers / 2))
 run_config gpu-only all rest "$new_tokens" "$repeats" default
+# flexmodel's decode modes on the gpu-only map (design decision 51): eager,
+# eager + the capture modules as taps, cuda-graph, cuda-graph + taps.
+if [ -s "$out/maps/gpu-only.json" ]; then
+  step flexmodel_gpu-only_graph_modes 150 "${ours[@]}" --model "$model" --device-map "$out/maps/gpu-only.json" \
+    --config gpu-only --prompt-len "$prompt_len" --new-tokens "$new_tokens" --repeats "$repeats" \
+    --capture "$capture" --graph-modes 1
+fi
 run_config A-cpu "$half" rest "$new_tokens" "$hook_repeats_offload" 1 0
 run_config B-cpu-disk "$third" "$third" "$new_tokens_disk" "$hook_repeats_offload" 1 0
 # Extras while time remains: prefetch depth 2.
