@@ -5,6 +5,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/kernels/ggml_dequant.h>
 #include <flex/kernels/ggml_linear.h>
+#include <flex/kernels/linear.h>
 #include <flex/kernels/sequential_blas.h>
 #include <flex/kernels/target.h>
 
@@ -330,13 +331,19 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     // Prefill: float tiles of rows, each tile's product on its own thread.
     const int64_t tile = std::max<int64_t>(16, std::min<int64_t>(N, kTileBytes / (4 * K)));
     const int64_t tiles = (N + tile - 1) / tile;
+    // The tile's GEMM is the one dense_linear picks for a float32 weight
+    // (gemm_library(): oneDNN on AMD, where MKL's float32 GEMM takes a
+    // generic 256-bit path and made these tiles 2.1x slower than the F32
+    // file's product, bench_ggml_kernels --prefill).
+    const bool onednn = onednn_applies(xf, at::empty({tile, K}, at::kFloat), at::Tensor());
     shared_chunks(tiles, 1, [&](int64_t t0, int64_t t1) {
       SequentialBlas one_thread;
       at::Tensor buf = at::empty({tile, K}, at::kFloat);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t r0 = t * tile, r1 = std::min(N, r0 + tile);
         dequantize_rows(type, w, row_bytes, K, r0, r1, buf.data_ptr<float>());
-        y.narrow(1, r0, r1 - r0).copy_(at::mm(xf, buf.narrow(0, 0, r1 - r0).t()));
+        const at::Tensor wt = buf.narrow(0, 0, r1 - r0);
+        y.narrow(1, r0, r1 - r0).copy_(onednn ? onednn_linear(xf, wt, at::Tensor()) : at::mm(xf, wt.t()));
       }
     });
   }

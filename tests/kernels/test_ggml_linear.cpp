@@ -220,6 +220,32 @@ TEST(GgmlLinear, OneAndTwoThreadsGiveTheSameBits) {
   }
 }
 
+// Float prefill over several dequantized tiles (rows of 8192 make a tile 32
+// rows, so 96 rows are 3 tiles shared by the threads, each tile's GEMM
+// through gemm_library()'s library): within the float32 bound of the float64
+// product, and 1 and 2 threads give the same bits.
+TEST(GgmlLinear, FloatPrefillOverSeveralTiles) {
+  at::manual_seed(41);
+  const int64_t N = 96, K = 8192, M = 20;
+  for (const auto& [name, type] : {std::pair<std::string, uint32_t>{"Q4_0", 2}, {"Q6_K", 14}}) {
+    const at::Tensor raw = random_blocks(type, N, K);
+    const at::Tensor w = dequantized(type, raw, N, K);
+    const at::Tensor x = at::randn({M, K});
+    const at::Tensor want = at::mm(x.to(at::kDouble), w.to(at::kDouble).t());
+    at::Tensor one, two;
+    {
+      flex_test::ThreadsGuard t(1);
+      one = flex::ggml_linear(type, raw, N, K, x, at::Tensor());
+    }
+    {
+      flex_test::ThreadsGuard t(2);
+      two = flex::ggml_linear(type, raw, N, K, x, at::Tensor());
+    }
+    EXPECT_TRUE(within(one, want, float_bound(x, w))) << name;
+    EXPECT_TRUE(flex_test::equal(one, two)) << name;
+  }
+}
+
 TEST(GgmlLinear, BadShapesAndTypesAreTypedErrors) {
   const at::Tensor raw = at::zeros({4 * 34}, at::kByte);
   flex_test::expect_error<flex::UnsupportedError>(
