@@ -29,6 +29,7 @@
 #include "attribution_reference.h"
 #include "attribution_reference_edges.h"
 #include "expect_error.h"
+#include "random_transcoders.h"
 #include "tensor_compare.h"
 #include "test_util.h"
 
@@ -44,43 +45,26 @@ std::shared_ptr<CausalLM> model(const std::string& name, at::ScalarType dt = at:
 // skip (Llama); hooks named as circuit-tracer names them, or as modules.
 std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, at::ScalarType dt, int64_t d_sae = 24,
                                                            int64_t seed = 5) {
-  const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers;
   const bool gpt2 = m.base_model_prefix() == "transformer";
-  std::vector<std::shared_ptr<SparseDictionary>> out;
-  at::manual_seed(seed);
-  for (int64_t l = 0; l < L; ++l) {
-    SaeConfig c;
-    c.architecture = l == 0 ? SaeArchitecture::Transcoder
-                            : (gpt2 ? SaeArchitecture::SkipTranscoder : SaeArchitecture::JumpReLUSkipTranscoder);
-    c.d_in = c.d_out = d;
-    c.d_sae = d_sae;
-    c.dtype = dt;
-    c.apply_b_dec_to_input = false;
+  const bool gemma = m.class_name() == "Gemma2ForCausalLM" || m.class_name() == "Gemma3ForCausalLM";
+  flex_test::RandomTranscoders spec;
+  spec.d_sae = d_sae;
+  spec.seed = seed;
+  spec.dtype = dt;
+  // Inputs have unit scale per coordinate after the norm (weight ~1): pre-activations of a few units.
+  spec.enc_scale = gpt2 ? 0.25 : 2.0;
+  spec.architecture = [gpt2](int64_t l) {
+    return l == 0 ? SaeArchitecture::Transcoder
+                  : (gpt2 ? SaeArchitecture::SkipTranscoder : SaeArchitecture::JumpReLUSkipTranscoder);
+  };
+  spec.hooks = [gpt2, gemma](int64_t l) -> std::pair<std::string, std::string> {
     const std::string ls = std::to_string(l);
-    if (l == 0) {
-      c.hook_name = "blocks.0.mlp.hook_in";
-      c.hook_name_out = "blocks.0.mlp.hook_out";
-    } else if (m.class_name() == "Gemma2ForCausalLM" || m.class_name() == "Gemma3ForCausalLM") {
-      c.hook_name = "model.layers." + ls + ".pre_feedforward_layernorm";
-      c.hook_name_out = "blocks." + ls + ".mlp.hook_out";
-    } else {
-      c.hook_name = (gpt2 ? "transformer.h." : "model.layers.") + ls + (gpt2 ? ".ln_2" : ".post_attention_layernorm");
-      c.hook_name_out = "blocks." + ls + ".hook_mlp_out";
-    }
-    c.source = "test/layer_" + ls;
-    auto t = std::make_shared<SparseDictionary>(c);
-    at::NoGradGuard ng;
-    // Inputs have unit scale per coordinate after the norm (weight ~1): pre-activations of a few units.
-    const double in_scale = gpt2 ? 0.25 : 2.0;
-    t->set_tensor("W_enc", (at::randn({d, d_sae}) * in_scale / std::sqrt(double(d))).to(dt));
-    t->set_tensor("b_enc", (at::randn({d_sae}) * 0.3).to(dt));
-    t->set_tensor("W_dec", (at::randn({d_sae, d}) * 0.2).to(dt));
-    t->set_tensor("b_dec", (at::randn({d}) * 0.1).to(dt));
-    if (c.has_skip()) t->set_tensor("W_skip", (at::randn({d, d}) * 0.05).to(dt));
-    if (c.jump()) t->set_tensor("threshold", (at::rand({d_sae}) * 0.3).to(dt));
-    out.push_back(t);
-  }
-  return out;
+    if (l == 0) return {"blocks.0.mlp.hook_in", "blocks.0.mlp.hook_out"};
+    if (gemma) return {"model.layers." + ls + ".pre_feedforward_layernorm", "blocks." + ls + ".mlp.hook_out"};
+    return {(gpt2 ? "transformer.h." : "model.layers.") + ls + (gpt2 ? ".ln_2" : ".post_attention_layernorm"),
+            "blocks." + ls + ".hook_mlp_out"};
+  };
+  return flex_test::random_transcoders(m, spec);
 }
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }

@@ -14,6 +14,7 @@
 
 #include "attribution_reference.h"
 #include "expect_error.h"
+#include "random_transcoders.h"
 #include "tensor_compare.h"
 #include "test_util.h"
 
@@ -27,30 +28,15 @@ std::shared_ptr<CausalLM> model(const std::string& name) {
 
 // Random transcoders, per layer: plain ReLU at layer 0, JumpReLU skip after.
 std::vector<std::shared_ptr<SparseDictionary>> transcoders(const CausalLM& m, int64_t d_sae = 24) {
-  const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers;
-  std::vector<std::shared_ptr<SparseDictionary>> out;
-  at::manual_seed(11);
-  for (int64_t l = 0; l < L; ++l) {
-    SaeConfig c;
-    c.architecture = l == 0 ? SaeArchitecture::Transcoder : SaeArchitecture::JumpReLUSkipTranscoder;
-    c.d_in = c.d_out = d;
-    c.d_sae = d_sae;
-    c.dtype = at::kDouble;
-    c.apply_b_dec_to_input = l == 0;
-    c.hook_name = "blocks." + std::to_string(l) + ".mlp.hook_in";
-    c.hook_name_out = "blocks." + std::to_string(l) + ".mlp.hook_out";
-    c.source = "test/layer_" + std::to_string(l);
-    auto t = std::make_shared<SparseDictionary>(c);
-    at::NoGradGuard ng;
-    t->set_tensor("W_enc", (at::randn({d, d_sae}) * 1.0 / std::sqrt(double(d))).to(at::kDouble));
-    t->set_tensor("b_enc", (at::randn({d_sae}) * 0.3).to(at::kDouble));
-    t->set_tensor("W_dec", (at::randn({d_sae, d}) * 0.5).to(at::kDouble));
-    t->set_tensor("b_dec", (at::randn({d}) * 0.1).to(at::kDouble));
-    if (c.has_skip()) t->set_tensor("W_skip", (at::randn({d, d}) * 0.05).to(at::kDouble));
-    if (c.jump()) t->set_tensor("threshold", (at::rand({d_sae}) * 0.3).to(at::kDouble));
-    out.push_back(t);
-  }
-  return out;
+  flex_test::RandomTranscoders spec;
+  spec.d_sae = d_sae;
+  spec.seed = 11;
+  spec.dec_scale = 0.5;
+  spec.architecture = [](int64_t l) {
+    return l == 0 ? SaeArchitecture::Transcoder : SaeArchitecture::JumpReLUSkipTranscoder;
+  };
+  spec.apply_b_dec_to_input = [](int64_t l) { return l == 0; };
+  return flex_test::random_transcoders(m, spec);
 }
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11}, at::kLong); }

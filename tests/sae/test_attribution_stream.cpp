@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 
 #include "expect_error.h"
+#include "random_transcoders.h"
 #include "test_util.h"
 
 using namespace flex;
@@ -30,31 +31,11 @@ namespace {
 // Layer 0 a plain ReLU transcoder, later layers skip transcoders (as in
 // test_attribution.cpp): pre-activations of a few units, a few dozen active features.
 std::vector<std::shared_ptr<SparseDictionary>> stream_transcoders(const CausalLM& m, at::ScalarType dt) {
-  const int64_t d = m.config().hidden_size, L = m.config().num_hidden_layers, d_sae = 24;
-  const bool gpt2 = m.base_model_prefix() == "transformer";
-  std::vector<std::shared_ptr<SparseDictionary>> out;
-  at::manual_seed(5);
-  for (int64_t l = 0; l < L; ++l) {
-    SaeConfig c;
-    c.architecture = l == 0 ? SaeArchitecture::Transcoder : SaeArchitecture::SkipTranscoder;
-    c.d_in = c.d_out = d;
-    c.d_sae = d_sae;
-    c.dtype = dt;
-    c.apply_b_dec_to_input = false;
-    c.hook_name = "blocks." + std::to_string(l) + ".mlp.hook_in";
-    c.hook_name_out = "blocks." + std::to_string(l) + ".mlp.hook_out";
-    c.source = "test/layer_" + std::to_string(l);
-    auto t = std::make_shared<SparseDictionary>(c);
-    at::NoGradGuard ng;
-    const double in_scale = gpt2 ? 0.25 : 2.0;
-    t->set_tensor("W_enc", (at::randn({d, d_sae}) * in_scale / std::sqrt(double(d))).to(dt));
-    t->set_tensor("b_enc", (at::randn({d_sae}) * 0.3).to(dt));
-    t->set_tensor("W_dec", (at::randn({d_sae, d}) * 0.2).to(dt));
-    t->set_tensor("b_dec", (at::randn({d}) * 0.1).to(dt));
-    if (c.has_skip()) t->set_tensor("W_skip", (at::randn({d, d}) * 0.05).to(dt));
-    out.push_back(t);
-  }
-  return out;
+  flex_test::RandomTranscoders spec;
+  spec.dtype = dt;
+  spec.enc_scale = m.base_model_prefix() == "transformer" ? 0.25 : 2.0;
+  spec.architecture = [](int64_t l) { return l == 0 ? SaeArchitecture::Transcoder : SaeArchitecture::SkipTranscoder; };
+  return flex_test::random_transcoders(m, spec);
 }
 
 at::Tensor prompt() { return at::tensor({1, 17, 42, 7, 99, 5, 11, 3, 64}, at::kLong); }
