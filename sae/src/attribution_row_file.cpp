@@ -13,6 +13,25 @@
 
 namespace flex::detail {
 
+namespace {
+// `bytes` between memory at `p` and the file at `offset` through `io`
+// (::pread or ::pwrite), at most 1 GiB a call, retried on EINTR. A call
+// that fails throws IOError(failure + the system's reason); one that moves
+// nothing, IOError(failure + `nothing_moved`).
+template <class Io, class Byte>
+void transfer_all(Io io, int fd, Byte* p, int64_t bytes, off_t offset, const std::string& failure,
+                  const char* nothing_moved) {
+  while (bytes > 0) {
+    const ssize_t n = io(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw IOError(failure + (n < 0 ? std::strerror(errno) : nothing_moved));
+    p += n;
+    offset += n;
+    bytes -= n;
+  }
+}
+}  // namespace
+
 std::string attribution_temp_parent(const std::string& given) {
   if (!given.empty()) return given;
   const char* env = std::getenv("TMPDIR");
@@ -46,36 +65,15 @@ void RowFile::append(const at::Tensor& rows) {
   if (r.dim() != 2 || r.size(1) != cols_)
     throw ShapeError("attribution: rows of shape " + c10::str(r.sizes()) + " for a file of " + std::to_string(cols_) +
                      " columns");
-  const char* p = static_cast<const char*>(r.data_ptr());
-  int64_t left = r.size(0) * row_bytes_;
-  off_t at = static_cast<off_t>(rows_ * row_bytes_);
-  while (left > 0) {
-    const ssize_t w = ::pwrite(fd_, p, static_cast<size_t>(std::min<int64_t>(left, 1 << 30)), at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      throw IOError("attribution: cannot write the edge rows to '" + path_ + "': " +
-                    (w < 0 ? std::strerror(errno) : "no space written"));
-    p += w;
-    at += w;
-    left -= w;
-  }
+  transfer_all(::pwrite, fd_, static_cast<const char*>(r.data_ptr()), r.size(0) * row_bytes_,
+               static_cast<off_t>(rows_ * row_bytes_), "attribution: cannot write the edge rows to '" + path_ + "': ",
+               "no space written");
   rows_ += r.size(0);
 }
 
 void RowFile::read_into(void* dst, int64_t first, int64_t n) const {
-  char* p = static_cast<char*>(dst);
-  int64_t left = n * row_bytes_;
-  off_t at = static_cast<off_t>(first * row_bytes_);
-  while (left > 0) {
-    const ssize_t r = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(left, 1 << 30)), at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      throw IOError("attribution: cannot read the edge rows back from '" + path_ + "': " +
-                    (r < 0 ? std::strerror(errno) : "the file is shorter than written"));
-    p += r;
-    at += r;
-    left -= r;
-  }
+  transfer_all(::pread, fd_, static_cast<char*>(dst), n * row_bytes_, static_cast<off_t>(first * row_bytes_),
+               "attribution: cannot read the edge rows back from '" + path_ + "': ", "the file is shorter than written");
 }
 
 at::Tensor RowFile::read(int64_t first, int64_t n) const {
