@@ -216,6 +216,12 @@ def save_golden(tensors, path, metadata=None):
     os.chmod(path, 0o644)
 
 
+def graph_metadata(**versions):
+    """What a golden graph file records: circuit-tracer's version, `versions` (the backend's), torch's, the batch size."""
+    return {"circuit_tracer": circuit_tracer.__version__, **versions, "torch": torch.__version__,
+            "batch_size": str(BATCH)}
+
+
 def write_graph_json(graph, node_mask, edge_mask, cumulative, tok, slug, scan):
     """OUT/slug.json: the graph file circuit-tracer's create_graph_files writes for Neuronpedia."""
     nodes = create_nodes(graph, node_mask, tok, cumulative)
@@ -234,8 +240,7 @@ def make(family):
     write_saelens_folders(f"{family}-transcoders", saelens)
     save_golden(graph_tensors(graph, node_mask, edge_mask, cumulative),
                 os.path.join(OUT, f"{family}-circuit-tracer.safetensors"),
-                {"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
-                 "torch": torch.__version__, "batch_size": str(BATCH)})
+                graph_metadata(transformer_lens="2.16.1"))
     write_graph_json(graph, node_mask, edge_mask, cumulative, model.tokenizer, f"{family}-circuit-tracer-graph",
                      f"flexmodel-{family}-fixture")
     print(f"{family}: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "

@@ -42,8 +42,9 @@ from circuit_tracer.replacement_model.replacement_model_transformerlens import T
 from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_attribution import (BATCH, OUT, PROMPTS, attribute_and_prune, gpt2_model, graph_tensors,  # noqa: E402
-                              intervention_tensors, llama_model, save_golden, tl_replacement_model, write_graph_json)
+from make_attribution import (OUT, PROMPTS, attribute_and_prune, gpt2_model, graph_metadata,  # noqa: E402
+                              graph_tensors, intervention_tensors, llama_model, save_golden, tl_replacement_model,
+                              write_graph_json)
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
 
@@ -124,8 +125,7 @@ def make(family):
         **intervention_tensors(ivs, clean, frozen, unfrozen, T),
     }
     save_golden(out, os.path.join(OUT, f"{family}-clt-circuit-tracer.safetensors"),
-                {"circuit_tracer": circuit_tracer.__version__, "transformer_lens": "2.16.1",
-                 "torch": torch.__version__, "batch_size": str(BATCH)})
+                graph_metadata(transformer_lens="2.16.1"))
     write_graph_json(graph, node_mask, edge_mask, cumulative, model.tokenizer, f"{family}-clt-circuit-tracer-graph",
                      f"flexmodel-{family}-clt")
     print(f"{family} CLT: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "

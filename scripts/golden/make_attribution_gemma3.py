@@ -37,8 +37,8 @@ from circuit_tracer.transcoder.single_layer_transcoder import TranscoderSet
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_attribution import (BATCH, OUT, ROOT, IdTokenizer, attribute_and_prune, graph_tensors,  # noqa: E402
-                              save_golden, transcoders, write_saelens_folders)
+from make_attribution import (OUT, ROOT, IdTokenizer, attribute_and_prune, graph_metadata,  # noqa: E402
+                              graph_tensors, save_golden, transcoders, write_saelens_folders)
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
 
@@ -85,8 +85,7 @@ def main():
     import transformers
     save_golden(graph_tensors(graph, node_mask, edge_mask, cumulative),
                 os.path.join(OUT, "gemma3-circuit-tracer.safetensors"),
-                {"circuit_tracer": circuit_tracer.__version__, "backend": "nnsight", "nnsight": nnsight.__version__,
-                 "transformers": transformers.__version__, "torch": torch.__version__, "batch_size": str(BATCH)})
+                graph_metadata(backend="nnsight", nnsight=nnsight.__version__, transformers=transformers.__version__))
     print(f"gemma3: {len(graph.selected_features)} features, {graph.adjacency_matrix.shape[0]} nodes, "
           f"{len(graph.logit_targets)} logits, {int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept",
           file=sys.stderr)

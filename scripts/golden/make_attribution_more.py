@@ -43,7 +43,7 @@ from transformer_lens.pretrained.weight_conversions import convert_gemma_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_attribution import (BATCH, OUT, ROOT, attribute_and_prune, graph_tensors,  # noqa: E402
+from make_attribution import (OUT, ROOT, attribute_and_prune, graph_metadata, graph_tensors,  # noqa: E402
                               save_golden, tl_replacement_model, transcoders, write_saelens_folders)
 
 assert circuit_tracer.__version__ == "0.5.0", circuit_tracer.__version__
@@ -116,9 +116,8 @@ def make(family):
     write_saelens_folders(f"{family}-transcoders", saelens)
     save_golden(graph_tensors(graph, node_mask, edge_mask, cumulative),
                 os.path.join(OUT, f"{family}-circuit-tracer.safetensors"),
-                {"circuit_tracer": circuit_tracer.__version__, "backend": "transformerlens",
-                 "transformer_lens": transformer_lens.__version__ if hasattr(transformer_lens, "__version__") else "2.16.1",
-                 "torch": torch.__version__, "batch_size": str(BATCH)})
+                graph_metadata(backend="transformerlens",
+                               transformer_lens=getattr(transformer_lens, "__version__", "2.16.1")))
     print(f"{family}: TL vs HF logits {diff:.3g}; {len(graph.selected_features)} features, "
           f"{graph.adjacency_matrix.shape[0]} nodes, {len(graph.logit_targets)} logits, "
           f"{int(node_mask.sum())} nodes / {int(edge_mask.sum())} edges kept", file=sys.stderr)
