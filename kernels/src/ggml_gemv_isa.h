@@ -18,6 +18,9 @@ struct Q8Rows {
   // blocks' nibbles (ggml_gemv_q8_avx512.inc): the 16 first values of each
   // block, then the 16 last of each. Null where K / 32 is not a multiple of 8.
   const int8_t* qn;
+  // [M, K] the codes per 256 in the order of Q4_K's nibbles, 32 at a time:
+  // sub-blocks 0, 2, 1, 3, 4, 6, 5, 7. Null where K is not whole 256s.
+  const int8_t* qk;
   int64_t M;
 };
 

@@ -156,8 +156,10 @@ struct Q8Buffer {
   std::vector<float> ds16;
   std::vector<float> ds32;
   std::vector<int8_t> qn;
+  std::vector<int8_t> qk;
   Q8Rows rows(int64_t M) const {
-    return {q.data(), d.data(), s16.data(), ds16.data(), ds32.data(), qn.empty() ? nullptr : qn.data(), M};
+    return {q.data(),  d.data(), s16.data(), ds16.data(), ds32.data(), qn.empty() ? nullptr : qn.data(),
+            qk.empty() ? nullptr : qk.data(), M};
   }
 };
 
@@ -198,6 +200,14 @@ Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
       for (int k = 0; k < 4; ++k)
         for (int h = 0; h < 2; ++h)
           std::memcpy(&b.qn[128 * g + 64 * h + 16 * k], &b.q[128 * g + 32 * k + 16 * h], 16);
+  }
+  // The Q4_K-ordered copy (Q8Rows::qk): a 64-byte load of Q4_K codes holds
+  // sub-blocks 2j and 2j + 2 in its low nibbles, 2j + 1 and 2j + 3 in its high.
+  if (K % 256 == 0) {
+    static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    b.qk.resize(b.q.size());
+    for (int64_t g = 0; g < M * K / 256; ++g)
+      for (int k = 0; k < 8; ++k) std::memcpy(&b.qk[256 * g + 32 * k], &b.q[256 * g + 32 * kOrder[k]], 32);
   }
   return b;
 }
