@@ -1,7 +1,9 @@
 #pragma once
-// What the --quantize-head and --quantize-embeddings tests share: a pair of
-// identical random 256-wide llamas (Q6_K needs 256-value rows; the fixtures
-// are 64 wide) and the name of a (model, format) test case.
+// What the --quantize-head and --quantize-embeddings tests share: the
+// fixtures' input ids, a pair of identical random 256-wide llamas (Q6_K
+// needs 256-value rows; the fixtures are 64 wide) and the name of a (model,
+// format) test case.
+#include <flex/dispatch/safetensors.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/config.h>
 
@@ -19,6 +21,11 @@
 #include "data_util.h"
 
 namespace flex_test {
+
+/// The fixture models' input ids (fixtures/golden/inputs.safetensors).
+inline at::Tensor fixture_input_ids() {
+  return flex::SafetensorsFile::open(fixture("golden/inputs.safetensors"))->get("input_ids");
+}
 
 /// The llama fixture's config at hidden and intermediate size 256, one
 /// layer: two models with the same weights N(0, 0.05) drawn after

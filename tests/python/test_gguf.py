@@ -108,16 +108,26 @@ def test_quantize_head_q8_0_keeps_the_head_hooked_and_near_float():
     q_model = flexmodel.from_pretrained(FOLDER, quantize_head="q8_0")
     q_logits, q = captures(q_model, ids)
     assert "lm_head" in q and "model.norm" in q
+    assert_near_float(q_logits, f_logits, "q8_0 head")
+    assert_unknown_format_refused("quantize_head")
+
+
+def assert_near_float(q_logits, f_logits, what):
+    """Logits within 2e-2 of the float model's largest, the same greedy tokens."""
     rel = ((q_logits - f_logits).abs().max() / f_logits.abs().max()).item()
-    print(f"llama-tiny q8_0 head: max|logits - float head| / max|float logits| {rel:.2e}")
+    print(f"llama-tiny {what}: max|logits - float| / max|float logits| {rel:.2e}")
     assert rel < 2e-2, rel
     assert torch.equal(q_logits.argmax(-1), f_logits.argmax(-1))
+
+
+def assert_unknown_format_refused(option):
+    """from_pretrained(..., option="q4_k"): a ConfigError naming the CLI flag and the allowed formats."""
     try:
-        flexmodel.from_pretrained(FOLDER, quantize_head="q4_k")
+        flexmodel.from_pretrained(FOLDER, **{option: "q4_k"})
     except flexmodel.errors.ConfigError as e:
-        assert "--quantize-head" in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
+        assert "--" + option.replace("_", "-") in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
     else:
-        raise AssertionError("no error for quantize_head='q4_k'")
+        raise AssertionError(f"no error for {option}='q4_k'")
 
 
 def test_quantize_embeddings_keep_the_embedding_hooked_and_float_weight_dequantizes():
@@ -142,16 +152,8 @@ def test_quantize_embeddings_keep_the_embedding_hooked_and_float_weight_dequanti
         assert (table - float_table).abs().max() <= float_table.abs().max() * 6e-3
         assert torch.equal(q["model.embed_tokens"], table[ids]), source
         if source == FOLDER:
-            rel = ((q_logits - f_logits).abs().max() / f_logits.abs().max()).item()
-            print(f"llama-tiny q8_0 embeddings: max|logits - float| / max|float logits| {rel:.2e}")
-            assert rel < 2e-2, rel
-            assert torch.equal(q_logits.argmax(-1), f_logits.argmax(-1))
-    try:
-        flexmodel.from_pretrained(FOLDER, quantize_embeddings="q4_k")
-    except flexmodel.errors.ConfigError as e:
-        assert "--quantize-embeddings" in str(e) and "none, int8, nf4, q8_0, q6_k" in str(e), str(e)
-    else:
-        raise AssertionError("no error for quantize_embeddings='q4_k'")
+            assert_near_float(q_logits, f_logits, "q8_0 embeddings")
+    assert_unknown_format_refused("quantize_embeddings")
 
 
 ARCHS = {"gemma3": "model.layers.5.self_attn", "olmo2": "model.layers.1.post_feedforward_layernorm",

@@ -32,10 +32,6 @@ std::shared_ptr<flex::CausalLM> load(const std::string& model, const std::string
   return flex::from_pretrained(flex_test::fixture("models/" + model), o);
 }
 
-at::Tensor inputs() {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids");
-}
-
 // Bytes the embedding holds: its weight and the format's buffers.
 int64_t embedding_bytes(flex::Embedding& e) {
   int64_t n = 0;
@@ -106,7 +102,7 @@ TEST_P(QuantizedEmbeddings, LookupsAreTheDequantizedTableAndErrorIsMeasured) {
   const auto& [model, f] = GetParam();
   auto ref = load(model, "none");
   auto lm = load(model, f);
-  check_quantized(*lm, *ref, model, f, inputs());
+  check_quantized(*lm, *ref, model, f, flex_test::fixture_input_ids());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedEmbeddings,
@@ -118,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedEmbeddings,
 TEST(QuantizedEmbeddingsQ6K, LookupsAreTheDequantizedTableAndErrorIsMeasured) {
   auto [ref, lm] = flex_test::twin_llama256();
   flex::quantize_input_embeddings(*lm, "q6_k");
-  check_quantized(*lm, *ref, "llama256 (random)", "q6_k", inputs());
+  check_quantized(*lm, *ref, "llama256 (random)", "q6_k", flex_test::fixture_input_ids());
   // 64-wide rows are not whole Q6_K blocks: a ShapeError naming the format and the module.
   flex_test::expect_error<flex::ShapeError>([] { load("llama", "q6_k"); }, {"q6_k", "model.embed_tokens", "256"});
 }
@@ -134,11 +130,11 @@ TEST(QuantizedEmbeddingsTied, HeadAndEmbeddingBothQuantized) {
   ASSERT_NE(lm->input_embeddings()->weight_format(), nullptr);
   EXPECT_EQ(lm->input_embeddings()->weight_format()->name(), "int8");
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(at::isfinite(lm->logits(inputs())).all().item<bool>());
+  EXPECT_TRUE(at::isfinite(lm->logits(flex_test::fixture_input_ids())).all().item<bool>());
 }
 
 TEST(QuantizedEmbeddingsDefault, NoneLeavesTheModelBitIdentical) {
-  const at::Tensor ids = inputs();
+  const at::Tensor ids = flex_test::fixture_input_ids();
   for (const std::string m : {"llama", "llama3-rope-tied", "gpt2"}) {
     auto a = flex::from_pretrained(flex_test::fixture("models/" + m));
     auto b = load(m, "none");

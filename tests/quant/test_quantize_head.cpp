@@ -101,10 +101,6 @@ std::shared_ptr<flex::CausalLM> load(const std::string& model, const std::string
   return flex::from_pretrained(flex_test::fixture("models/" + model), o);
 }
 
-at::Tensor inputs() {
-  return flex::SafetensorsFile::open(flex_test::fixture("golden/inputs.safetensors"))->get("input_ids");
-}
-
 // Logits and the final hidden state (the head's input).
 std::pair<at::Tensor, at::Tensor> run(flex::CausalLM& lm, const at::Tensor& ids) {
   flex::LMInputs in;
@@ -137,7 +133,7 @@ class QuantizedHead : public ::testing::TestWithParam<std::tuple<std::string, st
 
 TEST_P(QuantizedHead, LogitsMatchFloat64AndErrorIsMeasured) {
   const auto& [model, head] = GetParam();
-  const at::Tensor ids = inputs();
+  const at::Tensor ids = flex_test::fixture_input_ids();
   auto ref = load(model, "none");
   auto lm = load(model, head);
   const std::string name = flex::output_head_name(*lm);
@@ -168,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedHead,
 // Q6_K needs 256-value rows: a llama of hidden size 256 built here (random init, fixed seed).
 TEST(QuantizedHeadQ6K, LogitsMatchFloat64AndErrorIsMeasured) {
   auto [ref, lm] = flex_test::twin_llama256();
-  const at::Tensor ids = inputs();
+  const at::Tensor ids = flex_test::fixture_input_ids();
   flex::quantize_output_head(*lm, "q6_k");
   check_against_float64(*lm, ids, "llama256 q6_k");
   const at::Tensor a = run(*lm, ids).first, b = run(*ref, ids).first;
@@ -184,7 +180,7 @@ TEST(QuantizedHeadQ6K, LogitsMatchFloat64AndErrorIsMeasured) {
 
 // A model whose body bitsandbytes quantizes (--quantize int8 / nf4) takes a quantized head too.
 TEST(QuantizedHeadWithQuantizedBody, HeadAndBodyBothQuantized) {
-  const at::Tensor ids = inputs();
+  const at::Tensor ids = flex_test::fixture_input_ids();
   for (const auto& [body, head] : std::vector<std::pair<std::string, std::string>>{{"int8", "q8_0"}, {"nf4", "int8"}}) {
     flex::PretrainedOptions o;
     o.quantization = flex::quantization_from_string(body);
@@ -206,7 +202,7 @@ TEST(QuantizedHeadWithQuantizedBody, HeadAndBodyBothQuantized) {
 }
 
 TEST(QuantizedHeadDefault, NoneLeavesTheModelBitIdentical) {
-  const at::Tensor ids = inputs();
+  const at::Tensor ids = flex_test::fixture_input_ids();
   for (const std::string m : {"llama", "llama3-rope-tied"}) {
     auto a = flex::from_pretrained(flex_test::fixture("models/" + m));
     auto b = load(m, "none");
