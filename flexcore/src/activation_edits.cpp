@@ -18,11 +18,18 @@ EditFn add_vector(at::Tensor vector, double alpha, std::string what) {
   if (!vector.defined()) throw ConfigError(or_default(what, "add_vector") + ": the vector is undefined");
   at::Tensor vec = vector.detach().to(at::kFloat).flatten().clone();
   what = or_default(std::move(what), "add_vector");
-  return [vec, alpha, what](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
+  // The vector on the activation's device and dtype, made by the first call
+  // and kept: a later call launches no host-to-device copy, which a CUDA-graph
+  // capture of the decode step (design decision 51) could not hold.
+  auto placed = std::make_shared<at::Tensor>();
+  return [vec, alpha, what, placed](Module&, const at::Tensor& act, SaveContext&, TrainableModules&) {
     if (act.dim() == 0 || act.size(-1) != vec.numel())
       throw ShapeError(what + ": vector has " + std::to_string(vec.numel()) + " elements, the output's last dim is " +
                        std::to_string(act.dim() ? act.size(-1) : 0));
-    return act + alpha * vec.to(act.device(), act.scalar_type());
+    at::Tensor& v = *placed;
+    if (!v.defined() || v.device() != act.device() || v.scalar_type() != act.scalar_type())
+      v = vec.to(act.device(), act.scalar_type());
+    return act + alpha * v;
   };
 }
 

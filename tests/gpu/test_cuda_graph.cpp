@@ -84,7 +84,8 @@ void check_model(const std::string& name, bool with_edits) {
       *pair = std::make_unique<FlexModel>(m);
       HookFunctionOptions steer;
       steer.save = false;
-      steer.editing_function = add_vector(at::linspace(-2.0, 2.0, c).to(gpu_test::device()), 3.0);
+      // A CPU vector, as the CLI's --steer loads it: the edit keeps its device copy (no copy under capture).
+      steer.editing_function = add_vector(at::linspace(-2.0, 2.0, c), 3.0);
       (*pair)->register_forward_hook(std::make_shared<HookFunction>(block, steer));
       HookFunctionOptions ablate;
       ablate.save = false;

@@ -52,7 +52,7 @@ def test_cuda_graph_bit_equal_to_eager_static_step_on_gpu():
     gpu = flexmodel.from_pretrained(LLAMA, device_map={"": 0})
     cpu = flexmodel.from_pretrained(LLAMA)
     ids = PROMPT.to("cuda:0")
-    steer = {"model.layers.0": flexmodel.edits.steer(torch.linspace(-2, 2, 64, device="cuda:0"), 3.0)}
+    steer = {"model.layers.0": flexmodel.edits.steer(torch.linspace(-2, 2, 64), 3.0)}  # a CPU vector, as users pass it
     gseq, gtaps = run(gpu, ids, cuda_graph=True, edits=steer)
     eseq, etaps = run(gpu, ids, static_step=True, edits=steer)
     assert torch.equal(gseq.cpu(), eseq.cpu())
