@@ -5,7 +5,8 @@
 #   bash scripts/gpu/check.sh OUTDIR
 #
 #  1. build       scripts/build-gpu.sh, everything, all cores, ninja -k0   -> build.log
-#  2. gpu label   ctest -L gpu (tests/gpu, python_gpu)                     -> ctest-gpu.log
+#  2. gpu label   ctest -L gpu (tests/gpu, python_gpu; among them the     -> ctest-gpu.log
+#                 CUDA-graph decode: gpu_cuda_graph, test_cuda_graph.py)
 #  3. cli smoke   for every fixture model under tests/data the CLI loads
 #                 (fixtures/models/*, golden5/*): `flexmodel capture MODEL
 #                 --input-ids IDS --hook all` on the CPU, on cuda (--device-map
@@ -14,6 +15,7 @@
 #                 the CPU capture, the largest difference per model printed  -> cli.log, cli.jsonl, cli/
 #  4. suite       the rest of the suite: ctest -LE gpu                     -> ctest.log
 #  5. bench       scripts/gpu/bench.sh with the time left (BENCH_BUDGET_S)  -> bench.log, bench/
+#                 (with flexmodel's eager / cuda-graph decode rows on gpu-only)
 #  6. summary     the machine, each stage's status and time, tests per
 #                 label, the CLI comparisons, the bench table               -> summary.md (printed last)
 #
