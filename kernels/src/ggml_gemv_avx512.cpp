@@ -75,6 +75,34 @@ void dequantize(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t K, i
   dequant_rows(type, w, row_bytes, K, r0, r1, out);
 }
 
+// The reference's float operations in the same order per value (max |x|, d =
+// amax / 127, 1 / d, the product clamped to +-127, rounded to nearest even by
+// the conversion's default mode), 16 values a vector: 3 us -> a fraction for
+// 2048 inputs, which one thread does before a call's rows are shared.
+void quantize_q8(const float* x, int64_t blocks, const Q8Out& o) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    o.d[i] = d;
+    const __m512 vi = _mm512_set1_ps(inv);
+    int32_t s[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 r = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(h ? v1 : v0, vi), lo), hi);
+      const __m512i c = _mm512_cvtps_epi32(r);
+      const __m128i b = _mm512_cvtepi32_epi8(c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 32 * i + 16 * h), b);
+      if (o.qn) _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qn + q8_nibble_at(i, h)), b);
+      if (o.qk) _mm_storeu_si128(reinterpret_cast<__m128i*>(o.qk + q8_kquant_at(i, h)), b);
+      s[h] = _mm512_reduce_add_epi32(c);
+      o.s16[2 * i + h] = s[h];
+      o.ds16[2 * i + h] = d * static_cast<float>(s[h]);
+    }
+    o.ds32[i] = d * static_cast<float>(s[0] + s[1]);
+  }
+}
+
 }  // namespace flex::ggml_avx512
 
 #if defined(__clang__)

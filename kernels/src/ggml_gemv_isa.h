@@ -24,6 +24,20 @@ struct Q8Rows {
   int64_t M;
 };
 
+/// Where Q8 quantization writes (Q8Rows' arrays; qn, qk may be null).
+struct Q8Out {
+  int8_t* q;
+  float* d;
+  int32_t* s16;
+  float* ds16;
+  float* ds32;
+  int8_t* qn;
+  int8_t* qk;
+};
+/// Offsets in Q8Rows::qn / ::qk of the 16 codes of block i's half h.
+int64_t q8_nibble_at(int64_t i, int h);
+int64_t q8_kquant_at(int64_t i, int h);
+
 #define FLEX_GGML_ISA_ENTRY_POINTS                                                                                     \
   /* y[m, j] = x[m] . W[j] for rows j in [r0, r1), float inputs x [M, K]. */                                         \
   void gemv(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x, int64_t M,       \
@@ -36,6 +50,8 @@ struct Q8Rows {
 
 namespace ggml_avx512 {
 FLEX_GGML_ISA_ENTRY_POINTS
+/* `blocks` blocks of 32 floats at x quantized as the scalar reference does, bit for bit. */
+void quantize_q8(const float* x, int64_t blocks, const Q8Out& out);
 }
 namespace ggml_avx2 {
 FLEX_GGML_ISA_ENTRY_POINTS

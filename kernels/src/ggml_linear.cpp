@@ -148,73 +148,86 @@ void gemv_q8_scalar(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t 
     }
 }
 
+Isa effective(Isa isa) {
+  const Isa supported = cpu_isa_supported();
+  return static_cast<int>(isa) > static_cast<int>(supported) ? supported : isa;
+}
+
 // The inputs as Q8Rows: per 32 values d = max|x| / 127, q = round(x / d).
+// One buffer per thread, reused from call to call (a decode step makes ~150
+// of these calls; their allocations were a visible part of a small call).
 struct Q8Buffer {
-  std::vector<int8_t> q;
-  std::vector<float> d;
+  std::vector<int8_t> q, qn, qk;
+  std::vector<float> d, ds16, ds32;
   std::vector<int32_t> s16;
-  std::vector<float> ds16;
-  std::vector<float> ds32;
-  std::vector<int8_t> qn;
-  std::vector<int8_t> qk;
   Q8Rows rows(int64_t M) const {
     return {q.data(),  d.data(), s16.data(), ds16.data(), ds32.data(), qn.empty() ? nullptr : qn.data(),
             qk.empty() ? nullptr : qk.data(), M};
   }
 };
 
-Q8Buffer quantize_q8(const float* x, int64_t M, int64_t K) {
-  Q8Buffer b;
-  b.q.resize(static_cast<size_t>(M * K));
-  b.d.resize(static_cast<size_t>(M * K / 32));
-  b.s16.resize(static_cast<size_t>(M * K / 16));
-  b.ds16.resize(static_cast<size_t>(M * K / 16));
-  b.ds32.resize(static_cast<size_t>(M * K / 32));
-  for (int64_t i = 0; i < M * K / 32; ++i) {
+// Where the codes of block i's half h go in the reordered copies (Q8Rows::qn
+// per 4 blocks, Q8Rows::qk per 8 blocks: sub-blocks 0, 2, 1, 3, 4, 6, 5, 7).
+}  // namespace
+int64_t q8_nibble_at(int64_t i, int h) { return 128 * (i / 4) + 64 * h + 16 * (i % 4); }
+int64_t q8_kquant_at(int64_t i, int h) {
+  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  return 256 * (i / 8) + 32 * kOrder[i % 8] + 16 * h;
+}
+namespace {
+
+// The scalar quantizer (the reference; ggml_avx512::quantize_q8 gives the same bits).
+void quantize_q8_scalar(const float* x, int64_t blocks, const Q8Out& o) {
+  for (int64_t i = 0; i < blocks; ++i) {
     const float* v = x + 32 * i;
     float amax = 0.0f;
     for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
     const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-    b.d[i] = d;
+    o.d[i] = d;
     for (int h = 0; h < 2; ++h) {
       int32_t s = 0;
       for (int k = 16 * h; k < 16 * h + 16; ++k) {
-        // Round to nearest even as nearbyint does, by adding and taking away
-        // 1.5 * 2^23 (exact for |r| <= 127), which the compiler vectorizes
-        // where nearbyint stays a call per value.
+        // Round to nearest even (as nearbyint and the vector conversion do),
+        // by adding and taking away 1.5 * 2^23 (exact for |r| <= 127).
         const float r = std::clamp(v[k] * inv, -127.0f, 127.0f);
         const int q = static_cast<int>((r + 12582912.0f) - 12582912.0f);
-        b.q[32 * i + k] = static_cast<int8_t>(q);
+        o.q[32 * i + k] = static_cast<int8_t>(q);
         s += q;
       }
-      b.s16[2 * i + h] = s;
-      b.ds16[2 * i + h] = d * static_cast<float>(s);
+      o.s16[2 * i + h] = s;
+      o.ds16[2 * i + h] = d * static_cast<float>(s);
+      if (o.qn) std::memcpy(o.qn + q8_nibble_at(i, h), o.q + 32 * i + 16 * h, 16);
+      if (o.qk) std::memcpy(o.qk + q8_kquant_at(i, h), o.q + 32 * i + 16 * h, 16);
     }
-    b.ds32[i] = d * static_cast<float>(b.s16[2 * i] + b.s16[2 * i + 1]);
+    o.ds32[i] = d * static_cast<float>(o.s16[2 * i] + o.s16[2 * i + 1]);
   }
-  // The nibble-ordered copy (Q8Rows::qn): 4 blocks' low halves, then their
-  // high halves, so 4 blocks of 4-bit codes meet their inputs as stored.
-  if ((K / 32) % 8 == 0) {
-    b.qn.resize(b.q.size());
-    for (int64_t g = 0; g < M * K / 128; ++g)
-      for (int k = 0; k < 4; ++k)
-        for (int h = 0; h < 2; ++h)
-          std::memcpy(&b.qn[128 * g + 64 * h + 16 * k], &b.q[128 * g + 32 * k + 16 * h], 16);
-  }
-  // The Q4_K-ordered copy (Q8Rows::qk): a 64-byte load of Q4_K codes holds
-  // sub-blocks 2j and 2j + 2 in its low nibbles, 2j + 1 and 2j + 3 in its high.
-  if (K % 256 == 0) {
-    static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-    b.qk.resize(b.q.size());
-    for (int64_t g = 0; g < M * K / 256; ++g)
-      for (int k = 0; k < 8; ++k) std::memcpy(&b.qk[256 * g + 32 * k], &b.q[256 * g + 32 * kOrder[k]], 32);
-  }
-  return b;
 }
 
-Isa effective(Isa isa) {
-  const Isa supported = cpu_isa_supported();
-  return static_cast<int>(isa) > static_cast<int>(supported) ? supported : isa;
+const Q8Buffer& quantize_q8(Isa isa, const float* x, int64_t M, int64_t K) {
+  thread_local Q8Buffer b;
+  const auto n = static_cast<size_t>(M * K);
+  b.q.resize(n);
+  b.d.resize(n / 32);
+  b.s16.resize(n / 16);
+  b.ds16.resize(n / 16);
+  b.ds32.resize(n / 32);
+  // The nibble-ordered copy (Q8Rows::qn): 4 blocks' first halves, then their
+  // last halves, so 4 blocks of 4-bit codes meet their inputs as stored.
+  b.qn.resize((K / 32) % 8 == 0 ? n : 0);
+  // The Q4_K-ordered copy (Q8Rows::qk): a 64-byte load of Q4_K codes holds
+  // sub-blocks 2j and 2j + 2 in its low nibbles, 2j + 1 and 2j + 3 in its high.
+  b.qk.resize(K % 256 == 0 ? n : 0);
+  const Q8Out o{b.q.data(), b.d.data(), b.s16.data(), b.ds16.data(), b.ds32.data(),
+                b.qn.empty() ? nullptr : b.qn.data(), b.qk.empty() ? nullptr : b.qk.data()};
+  const Isa e = effective(isa);
+#if FLEX_HAVE_X86_KERNELS
+  if (e == Isa::Avx512 || e == Isa::Avx512Bf16) {
+    ggml_avx512::quantize_q8(x, M * K / 32, o);
+    return b;
+  }
+#endif
+  quantize_q8_scalar(x, M * K / 32, o);
+  return b;
 }
 
 void check_type(uint32_t type) {
@@ -291,8 +304,7 @@ void ggml_gemv(Isa isa, uint32_t type, const uint8_t* weight, int64_t out, int64
   check_type(type);
   const int64_t row_bytes = ggml_row_bytes(type, in);
   if (activations == GgmlActivations::Q8) {
-    const Q8Buffer q = quantize_q8(x, m, in);
-    const Q8Rows rows = q.rows(m);
+    const Q8Rows rows = quantize_q8(isa, x, m, in).rows(m);
     run_rows(isa, type, weight, row_bytes, out, in, x, m, &rows, y, r0, r1);
   } else {
     run_rows(isa, type, weight, row_bytes, out, in, x, m, nullptr, y, r0, r1);
@@ -327,12 +339,8 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     const Isa isa = cpu_isa();
     float* yp = y.data_ptr<float>();
     const float* xp = xf.data_ptr<float>();
-    Q8Buffer q;
     Q8Rows rows{};
-    if (activations == GgmlActivations::Q8) {
-      q = quantize_q8(xp, M, K);
-      rows = q.rows(M);
-    }
+    if (activations == GgmlActivations::Q8) rows = quantize_q8(isa, xp, M, K).rows(M);
     const Q8Rows* qp = activations == GgmlActivations::Q8 ? &rows : nullptr;
     // Each output column whole on one thread: the same bits for any thread count.
     shared_chunks(N, M <= kGgmlGemvRows ? 32 : 64,
