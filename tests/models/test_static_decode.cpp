@@ -11,6 +11,9 @@
 #include <flex/hooks/errors.h>
 #include <flex/models/generate.h>
 #include <flex/models/static_decode.h>
+#include <flex/sae/feature_edits.h>
+#include <flex/sae/load_sae.h>
+#include <flex/sae/splice.h>
 
 #include "expect_error.h"
 #include "test_util.h"
@@ -97,6 +100,25 @@ TEST(StaticDecode, BuiltInEditsRunInTheStaticStep) {
   fm.register_forward_hook(std::make_shared<HookFunction>(head_hook_point(*m, "model.layers.1.self_attn"), ablate));
   expect_static_equals_normal(*m, "llama steered");
   // The edits changed the output (the comparison above is not of two unedited runs).
+  auto [ids, mask] = prompts();
+  const GenerateOutput edited = generate(*m, ids, mask, options(*m, true));
+  fm.restore();
+  const GenerateOutput plain = generate(*m, ids, mask, options(*m, true));
+  EXPECT_GT((edited.taps.at("lm_head")[3] - plain.taps.at("lm_head")[3]).abs().max().item<double>(), 1e-3);
+}
+
+TEST(StaticDecode, SaeFeatureClampRunsInTheStaticStep) {
+  // A JumpReLU dictionary spliced at layer 1's residual output (error term
+  // kept), one feature clamped, as `generate --sae ... --clamp-feature` does.
+  auto m = load("llama");
+  FlexModel fm(m);
+  const Splice s = splice_sae(fm, load_sae(std::string(FLEX_TEST_DATA_DIR) + "/sae/jumprelu"),
+                              {SpliceMode::ReplaceWithError});
+  HookFunctionOptions clamp;
+  clamp.save = false;
+  clamp.editing_function = clamp_feature(5, 10.0);
+  fm.register_forward_hook(std::make_shared<HookFunction>(s.module + ".sae.hook_sae_acts_post", clamp));
+  expect_static_equals_normal(*m, "llama SAE clamp");
   auto [ids, mask] = prompts();
   const GenerateOutput edited = generate(*m, ids, mask, options(*m, true));
   fm.restore();
