@@ -332,10 +332,12 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
   const int64_t M = xf.size(0);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   at::Tensor y = at::empty({M, N}, xf.options());
-  // Q8 activations: the integer kernel at any M (prefill too: a weight row's
-  // blocks are decoded once per 4 input rows and met by 64-byte integer dot
-  // products, about twice the float GEMM's multiply-adds per instruction).
-  if (M <= kGgmlGemvRows || activations == GgmlActivations::Q8) {
+  // Prefill (more than kGgmlGemvRows rows) takes the float tiles in both
+  // modes: since the tiles' GEMM is oneDNN's, they are as fast as the
+  // integer kernel or faster (bench_ggml_kernels, 128 rows, 2 threads,
+  // interleaved: Q4_0 20.0-21.0 ms float vs 24.0-25.9 Q8, Q4_K 18.5-18.7 vs
+  // 18.7-18.8; 1 thread Q8_0 15.5 vs 19.5, Q6_K 15.0 vs 18.7), and exact.
+  if (M <= kGgmlGemvRows) {
     const Isa isa = cpu_isa();
     float* yp = y.data_ptr<float>();
     const float* xp = xf.data_ptr<float>();

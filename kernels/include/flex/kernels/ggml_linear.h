@@ -4,14 +4,14 @@
 // float copy. Decode shapes (at most kGgmlGemvRows input rows): each weight
 // block is decoded in registers and multiplied into every input row while it
 // is there (AVX-512, AVX2, or the scalar reference, chosen by cpu_isa()).
-// Prefill shapes with float activations: tiles of rows dequantized into a
-// per-thread buffer and multiplied by libtorch's GEMM; with Q8 activations
-// the integer kernel takes any number of rows. Every output column is computed whole by one
+// Prefill shapes (more rows), in both activation modes: tiles of rows
+// dequantized into a per-thread buffer and multiplied by the float32 GEMM
+// dense_linear uses (oneDNN on AMD). Every output column is computed whole by one
 // thread (the reduction is never split), so any thread count gives the same
 // bits.
 //
 // Activations: Float (the default) multiplies the dequantized weights with
-// the float inputs, float32 accumulation. Q8 quantizes each input row to 8
+// the float inputs, float32 accumulation. Q8 (decode shapes) quantizes each input row to 8
 // bits per 32 values (a float scale per block, round to nearest, as
 // llama.cpp's Q8_0 activations) and takes integer dot products per block
 // (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw), faster and further from float.
