@@ -19,6 +19,8 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -268,6 +270,16 @@ std::string shape_of(const at::Tensor& t) {
 
 bool is_gemv_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat; }
 
+// Rows per chunk of the shared counter: about 8 chunks per thread, so a
+// held-up thread's share is taken over in small pieces, but at least 16 rows
+// and 64 KB, so each chunk is a long enough run for the hardware prefetcher
+// and the counter is touched rarely; at most 512 KB.
+int64_t chunk_rows(int64_t N, int64_t row_bytes, int64_t threads) {
+  const int64_t min_rows = std::max<int64_t>(16, (64 * 1024 + row_bytes - 1) / row_bytes);
+  const int64_t max_rows = std::max<int64_t>(min_rows, 512 * 1024 / row_bytes);
+  return std::clamp((N + threads * 8 - 1) / (threads * 8), min_rows, max_rows);
+}
+
 // The product for weights of element type T (x already [M, K], contiguous,
 // of the weight's dtype): out [M, N] in that dtype.
 template <typename T>
@@ -316,13 +328,23 @@ at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Te
   T* op = static_cast<T*>(out.data_ptr());
   const at::Tensor b = bias.defined() ? bias.contiguous() : at::Tensor();
   const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-  // One parallel region; each thread a contiguous range of whole blocks of
-  // 16 weight rows (the split depends on the thread count, a row's sum never).
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
-    const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
-    for (int64_t m0 = 0; m0 < M; m0 += 8)
-      kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
-                         [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
+  // One parallel region whose threads take chunks of weight rows in order
+  // from a shared counter, each chunk a contiguous run read front to back:
+  // a thread that starts late or is held up by another process leaves its
+  // share to the others instead of making them wait at the end. Which thread
+  // computes a row changes, the row's sum never: the same bits for any count.
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (N + 15) / 16));
+  const int64_t chunk = chunk_rows(N, row_bytes, threads), chunks = (N + chunk - 1) / chunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t j0 = c * chunk, j1 = std::min(N, j0 + chunk);
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
+                           [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
+    }
   });
   return out;
 }
