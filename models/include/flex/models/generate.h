@@ -38,7 +38,9 @@ struct GenerateOptions {
   /// (implies static_step). The model must sit on one CUDA device:
   /// UnsupportedError naming the device otherwise (a CPU model, a CPU-only
   /// build). Registered hooks are recorded too, so they must be device-only
-  /// tensor code (the built-in steer / ablate / SAE edits are).
+  /// tensor code (the built-in steer / ablate / SAE edits are); host code in
+  /// a hook (a FlexModel capture's save) runs only while recording, so
+  /// capture with `taps` instead.
   bool cuda_graph = false;
   /// KV slots of the static step; 0: the smallest power of two >= 256 that
   /// holds the prompt and max_new_tokens (one graph per bucket).
