@@ -197,6 +197,33 @@ TEST(GgmlLinear, Q8ActivationsEqualTheFloat64ProductOfTheQuantizedInputs) {
   }
 }
 
+// Inputs halfway between two codes: each block of 32 is a power of two
+// times (n + 0.5), one value +-127 (so the scale is that power exactly).
+// The quantizers (scalar and AVX-512, each ISA level forced) must round
+// them half to even as the reference does: the result is then the float64
+// product of the inputs rounded that way (at::round) within float32
+// accumulation error; rounding half away from zero, or truncating, moves
+// every product by half a code.
+TEST(GgmlLinear, Q8InputsRoundHalfToEven) {
+  at::manual_seed(47);
+  const int64_t N = 40, K = 512, M = 3;
+  at::Tensor codes = at::randint(-126, 126, {M, K / 32, 32}, at::kFloat) + 0.5;
+  codes.select(2, 9).copy_(at::where(at::rand({M, K / 32}) < 0.5, 127.0, -127.0));
+  const at::Tensor scale = at::pow(2.0, -at::randint(3, 12, {M, K / 32, 1}, at::kFloat));
+  const at::Tensor x = (codes * scale).reshape({M, K});
+  const at::Tensor xq = (at::round(codes) * scale).reshape({M, K});
+  for (const auto& [name, type] : kTypes) {
+    const at::Tensor raw = random_blocks(type, N, K);
+    const at::Tensor w = dequantized(type, raw, N, K);
+    const at::Tensor want = at::mm(xq.to(at::kDouble), w.to(at::kDouble).t());
+    for (flex::Isa isa : flex_test::isa_levels()) {
+      flex::ScopedIsa cap(isa);
+      const at::Tensor y = flex::ggml_linear(type, raw, N, K, x, at::Tensor(), flex::GgmlActivations::Q8);
+      EXPECT_TRUE(within(y, want, float_bound(xq, w))) << name << " " << flex::to_string(isa);
+    }
+  }
+}
+
 TEST(GgmlLinear, OneAndTwoThreadsGiveTheSameBits) {
   at::manual_seed(5);
   const int64_t N = 96, K = 512;
