@@ -2,7 +2,7 @@
 // each case skips itself without a GPU): the decode step recorded once as a
 // CUDA graph and replayed per token gives
 // - bit-equal outputs to the same static step run eagerly on the GPU (every
-//   logit and each of 12 capture taps, every call),
+//   logit and each of 12 capture taps, every call; Llama, GPT-2, Gemma 2),
 // - the same greedy tokens as the normal decode on the CPU,
 // - with a steering vector and an ablated head (graph nodes): bit-equal to
 //   the eager static step with the same edits, the same tokens as the CPU's
@@ -111,7 +111,8 @@ void check_model(const std::string& name, bool with_edits) {
 
 TEST(CudaGraphDecode, BitEqualToEagerStaticStepSameTokensAsCpu) {
   FLEX_REQUIRE_GPU();
-  for (const std::string name : {"llama", "gpt2"}) check_model(name, false);
+  // Gemma 2: soft-capping and its sliding window (4) applied at the device slot.
+  for (const std::string name : {"llama", "gpt2", "gemma2"}) check_model(name, false);
 }
 
 TEST(CudaGraphDecode, SteeringAndAblationAsGraphNodes) {
