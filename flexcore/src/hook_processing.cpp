@@ -2,6 +2,7 @@
 #include "alias_in_flight.h"
 
 #include <flex/hooks/errors.h>
+#include <flex/hooks/graph_recording.h>
 #include <flex/hooks/shape_text.h>
 #include <flex/hooks/token_rows.h>
 
@@ -66,6 +67,11 @@ at::Tensor FlexModel::process(const HookFunction& hook, Module& module, const at
 at::Tensor FlexModel::process_ordered(const HookFunction& hook, Module& module, const at::Tensor& local,
                                       const at::Tensor& order) {
   const HookFunctionOptions& o = hook.options();
+  if (o.save && graph_recording())
+    throw UnsupportedError(hook.describe() +
+                           ": a capture (save) runs on the host, and a CUDA-graph decode step is replayed without "
+                           "it, so it would hold only the recorded steps; capture with generate's taps, or decode "
+                           "without cuda_graph");
   at::Tensor whole = router_ ? router_->gather(hook, module, local) : local;
   at::Tensor back;  // the inverse of `order`
   if (order.defined()) {

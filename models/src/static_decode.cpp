@@ -10,6 +10,7 @@
 
 #include <flex/dispatch/big_modeling.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/graph_recording.h>
 #include <flex/hooks/shape_text.h>
 
 #include <ATen/ATen.h>
@@ -127,6 +128,9 @@ at::Tensor StaticStep::replay() {
     main.synchronize();
     {
       c10::cuda::CUDAStreamGuard on_side(side);
+      // Hooks whose work is on the host (a FlexModel capture) refuse here,
+      // in the warm-up, before any capture has begun.
+      GraphRecordingScope recording;
       for (int i = 0; i < 2; ++i) run();
       side.synchronize();
       cuda_graph_ = std::make_unique<at::cuda::CUDAGraph>();

@@ -5,6 +5,7 @@
 
 #include <flex/flexcore/flex_model.h>
 #include <flex/hooks/errors.h>
+#include <flex/hooks/graph_recording.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -149,6 +150,38 @@ TEST(FlexModel, EditWithWrongShapeNamesTheHook) {
     EXPECT_NE(msg.find("h.0.mlp"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[2, 6]"), std::string::npos) << msg;
   }
+}
+
+// While a CUDA-graph decode step is being recorded (GraphRecordingScope), a
+// capture would run at recording only, not at the replays: it refuses, naming
+// the hook and the way out (taps). An edit-only hook (device work) still runs.
+TEST(FlexModel, CaptureRefusesWhileAGraphStepIsRecorded) {
+  auto lm = std::make_shared<tiny::LM>();
+  FlexModel fm(lm);
+  HookFunctionOptions edit;
+  edit.save = false;
+  edit.editing_function = [](Module&, const at::Tensor& t, SaveContext&, TrainableModules&) { return t * 2.0; };
+  fm.register_forward_hook(std::make_shared<HookFunction>("h.0.mlp", edit));
+  at::NoGradGuard ng;
+  {
+    GraphRecordingScope recording;
+    EXPECT_NO_THROW(fm.forward(ids_fixture()));
+  }
+  fm.register_forward_hook(std::make_shared<HookFunction>("h.1.mlp"));
+  {
+    GraphRecordingScope recording;
+    try {
+      fm.forward(ids_fixture());
+      FAIL() << "a capture ran while a graph step was recorded";
+    } catch (const UnsupportedError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("h.1.mlp"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("taps"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_FALSE(graph_recording());
+  fm.forward(ids_fixture());  // outside the scope the capture works
+  EXPECT_EQ(fm.output().at("h.1.mlp").size(), 1u);
 }
 
 TEST(FlexModel, ExpectedShapeMismatchIsReported) {

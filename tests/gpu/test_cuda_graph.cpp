@@ -142,4 +142,25 @@ TEST(CudaGraphDecode, ReplaysAgainInASecondCall) {
   EXPECT_TRUE(at::equal(a.taps.at("lm_head").back().cpu(), b.taps.at("lm_head").back().cpu()));
 }
 
+// A FlexModel capture (save) is host work that replays would skip: it is
+// refused in the warm-up, before a graph is recorded, naming the module and
+// taps (not a capture silently cut to the recorded steps).
+TEST(CudaGraphDecode, AFlexModelCaptureIsRefusedNotCutShort) {
+  FLEX_REQUIRE_GPU();
+  auto dev = gpu_test::load_on_device(models_test::model_dir("llama"));
+  auto [ids, mask] = prompts();
+  const at::Tensor on = gpu_test::on_device(ids);
+  if (!on.is_cuda()) GTEST_SKIP() << "dry run: no graph is recorded on " << on.device();
+  FlexModel fm(dev);
+  fm.register_forward_hook(std::make_shared<HookFunction>("model.layers.1.mlp"));
+  try {
+    generate(*dev, on, gpu_test::on_device(mask), opts(*dev, true, false));
+    FAIL() << "a FlexModel capture ran under cuda_graph";
+  } catch (const UnsupportedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.layers.1.mlp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("taps"), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
