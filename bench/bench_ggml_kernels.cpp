@@ -12,9 +12,13 @@
 // shared machine's interruptions drop out), in GB/s of stored bytes; decode
 // with T threads reads at most T times that.
 //
-// --type NAME: only that type (Q8_0, Q4_0, ..., Q6_K).
+// --type NAME: only that type (Q8_0, Q4_0, ..., Q6_K). (Prefill takes the
+// float tiles in both activation modes, design decision 50, so one column.)
 //
-//   ./bench_ggml_kernels [--iters N] [--threads T] [--type NAME] | --per-core
+// --quantile TYPE [T]: single calls from memory at T threads, their 10th and
+// 50th percentiles (below). --prefill: a 128-row product's parts (below).
+//
+//   ./bench_ggml_kernels [--iters N] [--threads T] [--type NAME] | --per-core | --quantile TYPE [T] | --prefill
 #include "bench_util.h"
 
 #include <flex/kernels/cpu_isa.h>
@@ -109,8 +113,9 @@ int quantile(const std::string& only) {
   return 0;
 }
 
-// --prefill: where a faithful prompt's time goes, one thread, a 5632 x 2048
-// weight (in L3), 128 input rows: ggml_linear float and Q8, the F32
+// --prefill: where a prompt's time goes, one thread, a 5632 x 2048 weight
+// (in L3), 128 input rows: ggml_linear (float tiles), the integer kernel
+// with Q8 inputs (ggml_gemv; decode shapes only since decision 50), the F32
 // weight's dense_linear (what the F32 file runs), and the dequantization
 // alone. Fastest of 5 calls, ms.
 int prefill_parts() {
@@ -120,10 +125,13 @@ int prefill_parts() {
   const at::Tensor x = at::randn({128, K});
   for (const auto& [name, type] : {std::pair<const char*, uint32_t>{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_K", 12}, {"Q6_K", 14}}) {
     const at::Tensor w = random_blocks(type, N, K);
-    at::Tensor f = at::empty({N, K});
+    at::Tensor f = at::empty({N, K}), yq = at::empty({128, N});
     std::vector<std::function<void()>> v{
         [&] { flex::ggml_linear(type, w, N, K, x, at::Tensor()); },
-        [&] { flex::ggml_linear(type, w, N, K, x, at::Tensor(), flex::GgmlActivations::Q8); },
+        [&] {  // the integer kernel, which ggml_linear keeps for decode shapes
+          flex::ggml_gemv(flex::cpu_isa(), type, w.data_ptr<uint8_t>(), N, K, x.data_ptr<float>(), 128,
+                          yq.data_ptr<float>(), 0, N, flex::GgmlActivations::Q8);
+        },
         [&] { flex::dense_linear(x, f, at::Tensor()); },
         [&] { flex::dequantize_ggml(type, w.data_ptr<uint8_t>(), f.data_ptr<float>(), N * K); },
     };
@@ -134,7 +142,7 @@ int prefill_parts() {
         v[a]();
         best[a] = std::min(best[a], std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
-    std::printf("%-5s 128 rows, 1 thread: float %.1f ms  Q8 %.1f ms | F32 weight %.1f ms | dequantize alone %.1f ms\n",
+    std::printf("%-5s 128 rows, 1 thread: ggml_linear %.1f ms  integer kernel (Q8 inputs) %.1f ms | F32 weight %.1f ms | dequantize alone %.1f ms\n",
                 name, best[0], best[1], best[2], best[3]);
   }
   return 0;
@@ -179,14 +187,13 @@ int main(int argc, char** argv) {
         [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor()); },
         [&] { for (auto& t : w) flex::ggml_linear(type, t, N, K, x1, at::Tensor(), flex::GgmlActivations::Q8); },
         [&] { for (int64_t c = 0; c < 4; ++c) flex::ggml_linear(type, w[c], N, K, x128, at::Tensor()); },
-        [&] { for (int64_t c = 0; c < 4; ++c) flex::ggml_linear(type, w[c], N, K, x128, at::Tensor(), flex::GgmlActivations::Q8); },
     };
     const auto t = bench::interleaved(v, args.iters, 1);
     const double bf = N * K * 2.0 * b16.size() / (t[0] / 1000.0) / 1e9;
     std::printf("%-5s %.3f B/elem  bf16 GEMV %.1f GB/s | decode float %.3f ms (%.1f GB/s)  Q8 %.3f ms (%.1f GB/s) | "
-                "prefill 128 rows float %.1f ms  Q8 %.1f ms\n",
+                "prefill 128 rows %.1f ms\n",
                 name, static_cast<double>(bytes) / (N * K), bf, t[1] / copies, bytes * copies / (t[1] / 1000.0) / 1e9,
-                t[2] / copies, bytes * copies / (t[2] / 1000.0) / 1e9, t[3] / 4, t[4] / 4);
+                t[2] / copies, bytes * copies / (t[2] / 1000.0) / 1e9, t[3] / 4);
   }
   return 0;
 }
