@@ -5,7 +5,8 @@
 // copies of the weight (--mb, default 512 MB) that every call reads from
 // memory, not cache. Per round, interleaved: flex::gemv over the copies,
 // flex::read_once over the same copies (a pure streaming read: the
-// ceiling), and libtorch's at::linear. Prints GB/s of weight bytes (medians
+// ceiling), libtorch's at::linear, and flex::gemv over copies of the
+// copies in flex::to_huge_pages storage (huge/4K: the per-round ratio). Prints GB/s of weight bytes (medians
 // over rounds) and gemv / read as the median of the per-round ratios, which
 // holds still while other processes load the machine. A last row per dtype
 // is a decode step's mix: 4 layers of the seven products then the head.
@@ -14,6 +15,7 @@
 #include "bench_util.h"
 
 #include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/huge_pages.h>
 #include <flex/kernels/linear.h>
 #include <flex/kernels/read_once.h>
 
@@ -51,8 +53,9 @@ double seconds(const std::function<void()>& f) {
 void measure(const std::string& label, const std::vector<at::Tensor>& ws, const Args& a) {
   double bytes = 0;
   for (const auto& w : ws) bytes += static_cast<double>(w.nbytes());
-  std::vector<at::Tensor> xs;
+  std::vector<at::Tensor> xs, huge;
   for (const auto& w : ws) xs.push_back(at::randn({1, w.size(1)}).to(w.scalar_type()));
+  for (const auto& w : ws) huge.push_back(flex::to_huge_pages(w));
   volatile float sink = 0;
   for (int threads : a.threads) {
     at::set_num_threads(threads);
@@ -60,17 +63,19 @@ void measure(const std::string& label, const std::vector<at::Tensor>& ws, const 
         [&] { for (size_t i = 0; i < ws.size(); ++i) flex::gemv(xs[i], ws[i], at::Tensor()); },
         [&] { for (const auto& w : ws) sink = sink + flex::read_once(w); },
         [&] { for (size_t i = 0; i < ws.size(); ++i) at::linear(xs[i], ws[i]); },
+        [&] { for (size_t i = 0; i < ws.size(); ++i) flex::gemv(xs[i], huge[i], at::Tensor()); },
     };
     std::vector<std::vector<double>> t(v.size());
-    std::vector<double> ratio;
+    std::vector<double> ratio, huge_ratio;
     for (auto& f : v) f();  // warm-up
     for (int r = 0; r < a.rounds; ++r) {
       for (size_t i = 0; i < v.size(); ++i) t[i].push_back(seconds(v[i]));
       ratio.push_back(t[1].back() / t[0].back());
+      huge_ratio.push_back(t[0].back() / t[3].back());
     }
-    std::printf("| %-26s | %d | %7.1f | %7.1f | %5.2f | %7.1f |\n", label.c_str(), threads,
+    std::printf("| %-26s | %d | %7.1f | %7.1f | %5.2f | %7.1f | %7.1f | %5.2f |\n", label.c_str(), threads,
                 bytes / bench::median(t[0]) / 1e9, bytes / bench::median(t[1]) / 1e9, bench::median(ratio),
-                bytes / bench::median(t[2]) / 1e9);
+                bytes / bench::median(t[2]) / 1e9, bytes / bench::median(t[3]) / 1e9, bench::median(huge_ratio));
     std::fflush(stdout);
   }
 }
@@ -88,7 +93,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<int64_t, int64_t>> shapes{{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
   std::printf("ISA %s; GB/s of weight bytes, medians of %d interleaved rounds; read = flex::read_once over the same bytes\n",
               flex::to_string(flex::cpu_isa()).c_str(), a.rounds);
-  std::printf("| weight (x1 row)            | threads | gemv GB/s | read GB/s | gemv/read | at::linear GB/s |\n|---|---|---|---|---|---|\n");
+  std::printf("| weight (x1 row)            | threads | gemv GB/s | read GB/s | gemv/read | at::linear GB/s | gemv, 2 MB pages | huge/4K |\n|---|---|---|---|---|---|---|---|\n");
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     const std::string name = dtype == at::kFloat ? "f32" : "bf16";
     for (auto [out, in] : shapes) {

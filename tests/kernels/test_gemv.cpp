@@ -5,6 +5,7 @@
 // leave vector tails, bias or none, and the same bits with 1 and 2 threads.
 #include <flex/hooks/errors.h>
 #include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/huge_pages.h>
 #include <flex/kernels/linear.h>
 
 #include <ATen/ATen.h>
@@ -73,6 +74,20 @@ TEST(Gemv, NoInputFeaturesGiveTheBias) {
   const at::Tensor got = flex::gemv(at::randn({3, 0}), at::randn({5, 0}), b);
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{3, 5}));
   EXPECT_TRUE(flex_test::equal(got, b.expand({3, 5})));
+}
+
+TEST(HugePages, CopyIsAlignedHoldsTheValuesAndGivesTheSameProduct) {
+  at::manual_seed(14);
+  const at::Tensor w = at::randn({300, 2100});  // 2.4 MiB: over the 2 MiB threshold, not a multiple of it
+  const at::Tensor h = flex::to_huge_pages(w);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(h.data_ptr()) % (uintptr_t(2) << 20), 0u);
+  EXPECT_NE(h.data_ptr(), w.data_ptr());
+  EXPECT_TRUE(flex_test::equal(h, w));
+  const at::Tensor x = at::randn({1, 2100});
+  EXPECT_TRUE(flex_test::equal(flex::gemv(x, h, at::Tensor()), flex::gemv(x, w, at::Tensor())));
+  const at::Tensor small = at::randn({4, 8});
+  EXPECT_EQ(flex::to_huge_pages(small).data_ptr(), small.data_ptr());  // under 2 MiB: itself
+  EXPECT_THROW(flex::empty_huge_pages({-1, 4}, at::kFloat), flex::ShapeError);
 }
 
 TEST(Gemv, BatchDimensionsFlattenAndComeBack) {
