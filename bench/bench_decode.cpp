@@ -37,6 +37,7 @@
 #include <flex/models/from_pretrained.h>
 #include <flex/models/generate.h>
 #include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/memory_reuse.h>
 
 #include <nlohmann/json.hpp>
 #include <fcntl.h>
@@ -512,6 +513,7 @@ void bench_gguf(const Args& args, double bandwidth) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flex::keep_freed_memory();  // as the command line runs (design decisions 32, 53)
   if (argc == 4 && !std::strcmp(argv[1], "--write-child")) {
     const std::string name = argv[2];
     if (name == "gpt2") {
