@@ -3,6 +3,7 @@
 // falls back to eager decode with a note (the same text as without the flag).
 // The recorded graph itself is checked on the gpu label (tests/gpu/test_cuda_graph.cpp).
 #include "cli_util.h"
+#include "tiny_gpt2_folder.h"
 #include "hf_folder.h"
 
 #include <flex/dispatch/safetensors.h>
@@ -16,17 +17,7 @@ using cli_test::run;
 
 namespace {
 
-const std::string& tiny_model() {
-  static flex_test::TempDir dir;
-  static const std::string path = [] {
-    flex_examples::TinyGpt2Options o;
-    o.n_layer = 2;
-    o.seed = 7;
-    flex_examples::write_tiny_gpt2(dir.str("gpt2"), o);
-    return dir.str("gpt2");
-  }();
-  return path;
-}
+const std::string& tiny_model() { return cli_test::tiny_gpt2_folder(); }
 
 }  // namespace
 

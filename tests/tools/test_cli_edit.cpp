@@ -5,6 +5,7 @@
 // converted checkpoints equal the fixtures Transformers/Accelerate wrote.
 #include "../models/golden_util.h"
 #include "cli_util.h"
+#include "tiny_gpt2_folder.h"
 #include "hf_folder.h"
 
 #include <flex/dispatch/checkpoint.h>
@@ -25,20 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A tiny GPT-2 folder with a tokenizer, written once per test binary.
-const std::string& tiny_model() {
-  static flex_test::TempDir dir;
-  static const bool made = [] {
-    flex_examples::TinyGpt2Options o;
-    o.n_layer = 2;
-    o.seed = 7;
-    flex_examples::write_tiny_gpt2(dir.str("gpt2"), o);
-    return true;
-  }();
-  (void)made;
-  static const std::string path = dir.str("gpt2");
-  return path;
-}
+const std::string& tiny_model() { return cli_test::tiny_gpt2_folder(); }
 
 void save_vector(const std::string& path, const std::string& name, const at::Tensor& t) {
   flex::save_safetensors(path, {{name, t}});

@@ -6,6 +6,7 @@
 // and steered generation equal the single-process run, and so do a spliced
 // sparse dictionary's features and a generation steered along one feature.
 #include "cli_util.h"
+#include "tiny_gpt2_folder.h"
 #include "golden_capture.h"
 #include "hf_folder.h"
 #include "test_util.h"
@@ -66,18 +67,8 @@ std::string golden_for(const std::string& model) {
 
 class CliParallelCapture : public ::testing::TestWithParam<std::tuple<std::string, Mesh>> {};
 
-/// A tiny GPT-2 folder with a tokenizer (4 heads: splits over tp=2).
-const std::string& tiny_model() {
-  static flex_test::TempDir dir;
-  static const std::string path = [] {
-    flex_examples::TinyGpt2Options o;
-    o.n_layer = 2;
-    o.seed = 7;
-    flex_examples::write_tiny_gpt2(dir.str("gpt2"), o);
-    return dir.str("gpt2");
-  }();
-  return path;
-}
+/// The tiny GPT-2 folder (4 heads: splits over tp=2).
+const std::string& tiny_model() { return cli_test::tiny_gpt2_folder(); }
 
 }  // namespace
 
