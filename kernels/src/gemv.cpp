@@ -13,6 +13,7 @@
 #include <flex/kernels/target.h>
 
 #include "records_grad.h"
+#include "shared_chunks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,7 +21,6 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -328,23 +328,15 @@ at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Te
   T* op = static_cast<T*>(out.data_ptr());
   const at::Tensor b = bias.defined() ? bias.contiguous() : at::Tensor();
   const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-  // One parallel region whose threads take chunks of weight rows in order
-  // from a shared counter, each chunk a contiguous run read front to back:
-  // a thread that starts late or is held up by another process leaves its
-  // share to the others instead of making them wait at the end. Which thread
-  // computes a row changes, the row's sum never: the same bits for any count.
+  // Chunks of weight rows taken in order from a shared counter, each a
+  // contiguous run read front to back (shared_chunks). Which thread computes
+  // a row changes, the row's sum never: the same bits for any count.
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (N + 15) / 16));
-  const int64_t chunk = chunk_rows(N, row_bytes, threads), chunks = (N + chunk - 1) / chunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t j0 = c * chunk, j1 = std::min(N, j0 + chunk);
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
-                           [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
-    }
+  kernel::shared_chunks(N, chunk_rows(N, row_bytes, threads), [&](int64_t j0, int64_t j1) {
+    for (int64_t m0 = 0; m0 < M; m0 += 8)
+      kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
+                         [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
   });
   return out;
 }

@@ -10,12 +10,12 @@
 #include <flex/kernels/target.h>
 
 #include "ggml_gemv_isa.h"
+#include "shared_chunks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -266,21 +266,6 @@ void dequantize_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t
   }
 }
 
-// f(r0, r1) over consecutive chunks of [0, n), handed to the threads as they
-// come for them (an atomic counter), so a thread the OS holds back (a shared
-// machine) leaves its chunks to the others instead of making them wait.
-// Which thread computes a chunk does not change its bits.
-template <class F>
-void shared_chunks(int64_t n, int64_t chunk, const F& f) {
-  const int64_t chunks = (n + chunk - 1) / chunk;
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), chunks);
-  if (threads <= 1 || at::in_parallel_region()) return f(0, n);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) f(c * chunk, std::min(n, (c + 1) * chunk));
-  });
-}
-
 // Rows per chunk of a decode product: about 4 chunks per thread, whole
 // 32-row groups. Each thread then streams long runs of consecutive rows; 32-row
 // chunks dealt out alternately cut every thread's stream into 36 KB pieces
@@ -355,7 +340,7 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     if (activations == GgmlActivations::Q8) rows = quantize_q8(isa, xp, M, K).rows(M);
     const Q8Rows* qp = activations == GgmlActivations::Q8 ? &rows : nullptr;
     // Each output column whole on one thread: the same bits for any thread count.
-    shared_chunks(N, decode_chunk_rows(N, M),
+    kernel::shared_chunks(N, decode_chunk_rows(N, M),
                   [&](int64_t r0, int64_t r1) { run_rows(isa, type, w, row_bytes, N, K, xp, M, qp, yp, r0, r1); });
   } else {
     // Prefill: float tiles of rows, each tile's product on its own thread.
@@ -366,7 +351,7 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     // generic 256-bit path and made these tiles 2.1x slower than the F32
     // file's product, bench_ggml_kernels --prefill).
     const bool onednn = onednn_applies(xf, at::empty({tile, K}, at::kFloat), at::Tensor());
-    shared_chunks(tiles, 1, [&](int64_t t0, int64_t t1) {
+    kernel::shared_chunks(tiles, 1, [&](int64_t t0, int64_t t1) {
       SequentialBlas one_thread;
       at::Tensor buf = at::empty({tile, K}, at::kFloat);
       for (int64_t t = t0; t < t1; ++t) {
