@@ -114,10 +114,14 @@ int quantile(const std::string& only) {
 }
 
 // --prefill: where a prompt's time goes, one thread, a 5632 x 2048 weight
-// (in L3), 128 input rows: ggml_linear (float tiles), the integer kernel
-// with Q8 inputs (ggml_gemv; decode shapes only since decision 50), the F32
-// weight's dense_linear (what the F32 file runs), and the dequantization
-// alone. Fastest of 5 calls, ms.
+// (in L3), 128 input rows: ggml_linear faithful (float tiles) and fast
+// (GgmlActivations::Q8: bfloat16 tiles where the CPU has AVX512_BF16,
+// design decision 58), the integer kernel with Q8 inputs (ggml_gemv; decode
+// shapes only since decision 50), the F32 weight's dense_linear (what the F32
+// file runs), and the dequantization alone. Fastest of 5 calls, ms. Then the
+// error of the fast prefill and of the integer (decode) kernel on these
+// random inputs: max |y - y64| / max |y64| against the float64 product of
+// the dequantized weight.
 int prefill_parts() {
   const int64_t N = 5632, K = 2048;
   at::set_num_threads(1);
@@ -125,9 +129,10 @@ int prefill_parts() {
   const at::Tensor x = at::randn({128, K});
   for (const auto& [name, type] : {std::pair<const char*, uint32_t>{"Q8_0", 8}, {"Q4_0", 2}, {"Q4_K", 12}, {"Q6_K", 14}}) {
     const at::Tensor w = random_blocks(type, N, K);
-    at::Tensor f = at::empty({N, K}), yq = at::empty({128, N});
+    at::Tensor f = at::empty({N, K}), yq = at::empty({128, N}), yfast;
     std::vector<std::function<void()>> v{
         [&] { flex::ggml_linear(type, w, N, K, x, at::Tensor()); },
+        [&] { yfast = flex::ggml_linear(type, w, N, K, x, at::Tensor(), flex::GgmlActivations::Q8); },
         [&] {  // the integer kernel, which ggml_linear keeps for decode shapes
           flex::ggml_gemv(flex::cpu_isa(), type, w.data_ptr<uint8_t>(), N, K, x.data_ptr<float>(), 128,
                           yq.data_ptr<float>(), 0, N, flex::GgmlActivations::Q8);
@@ -135,15 +140,19 @@ int prefill_parts() {
         [&] { flex::dense_linear(x, f, at::Tensor()); },
         [&] { flex::dequantize_ggml(type, w.data_ptr<uint8_t>(), f.data_ptr<float>(), N * K); },
     };
-    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep)
       for (size_t a = 0; a < v.size(); ++a) {
         const auto t0 = std::chrono::steady_clock::now();
         v[a]();
         best[a] = std::min(best[a], std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
-    std::printf("%-5s 128 rows, 1 thread: ggml_linear %.1f ms  integer kernel (Q8 inputs) %.1f ms | F32 weight %.1f ms | dequantize alone %.1f ms\n",
-                name, best[0], best[1], best[2], best[3]);
+    const at::Tensor y64 = at::mm(x.to(at::kDouble), f.to(at::kDouble).t());
+    const double scale = y64.abs().max().item<double>();
+    auto rel = [&](const at::Tensor& y) { return (y.to(at::kDouble) - y64).abs().max().item<double>() / scale; };
+    std::printf("%-5s 128 rows, 1 thread: ggml_linear %.1f ms, fast %.1f ms  integer kernel (Q8 inputs) %.1f ms | F32 weight "
+                "%.1f ms | dequantize alone %.1f ms | max error / max |y|: fast %.2e, integer kernel %.2e\n",
+                name, best[0], best[1], best[2], best[3], best[4], rel(yfast), rel(yq));
   }
   return 0;
 }

@@ -1,7 +1,10 @@
 #pragma once
 // The prefill half of ggml_linear (more than kGgmlGemvRows input rows):
-// tiles of weight rows dequantized and multiplied by a dense GEMM, each
-// tile's output columns computed whole on one thread.
+// tiles of weight rows dequantized and multiplied by a library GEMM, each
+// tile's output columns computed whole on one thread. Float activations:
+// float32 tiles and the float32 GEMM dense_linear picks. Q8 activations on
+// a CPU with AVX512_BF16: bfloat16 inputs and tiles, oneDNN's bfloat16 GEMM
+// (the error this adds: flex/kernels/ggml_linear.h, design decision 58).
 #include <flex/kernels/ggml_linear.h>
 
 #include <ATen/core/Tensor.h>
