@@ -341,6 +341,57 @@ at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Te
   return out;
 }
 
+// The OutIn products of one input with several weights (gemv_group): the
+// chunks of all weights in one shared counter, each chunk within one weight
+// and computed as run_gemv computes it, so each output has run_gemv's bits.
+template <typename T>
+std::vector<at::Tensor> run_gemv_group(const at::Tensor& xc, const std::vector<std::pair<at::Tensor, at::Tensor>>& wb,
+                                       int64_t M, int64_t K) {
+  const Isa isa = cpu_isa();
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  const bool dot_bf16 = kBf16 && isa >= Isa::Avx512Bf16;
+  const at::Tensor xf = dot_bf16 ? at::Tensor() : xc.to(at::kFloat);
+  struct Part {
+    Gemv<T> a;
+    const T* bias;
+    T* out;
+    int64_t N;
+  };
+  struct Chunk {
+    size_t part;
+    int64_t j0, j1;
+  };
+  std::vector<at::Tensor> outs, biases;
+  std::vector<Part> parts;
+  std::vector<Chunk> chunks;
+  int64_t total = 0;
+  for (const auto& [w, b] : wb) total += w.size(0);
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (total + 15) / 16));
+  const int64_t per = chunk_rows(total, row_bytes, threads);
+  for (const auto& [w, b] : wb) {
+    const int64_t N = w.size(0);
+    outs.push_back(at::empty({M, N}, w.options()));
+    biases.push_back(b.defined() ? b.contiguous() : at::Tensor());
+    parts.push_back({{static_cast<const T*>(w.data_ptr()), kBf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr,
+                      xf.defined() ? xf.data_ptr<float>() : nullptr, K},
+                     biases.back().defined() ? static_cast<const T*>(biases.back().data_ptr()) : nullptr,
+                     static_cast<T*>(outs.back().data_ptr()), N});
+    for (int64_t j = 0; j < N; j += per) chunks.push_back({parts.size() - 1, j, std::min(N, j + per)});
+  }
+  kernel::shared_chunks(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[static_cast<size_t>(c)];
+      const Part& p = parts[ch.part];
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)), [&](auto G) {
+          gemv_rows<T, decltype(G)::value>(isa, p.a, p.bias, m0, ch.j0, ch.j1, p.out, p.N);
+        });
+    }
+  });
+  return outs;
+}
+
 }  // namespace
 
 bool gemv_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
@@ -398,6 +449,27 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   const at::Tensor out = dtype == at::kBFloat16 ? run_gemv<uint16_t>(xc, weight, bias, out_in, M, N, K)
                                                 : run_gemv<float>(xc, weight, bias, out_in, M, N, K);
   return out.view(out_shape);
+}
+
+std::vector<at::Tensor> gemv_group(const at::Tensor& x, const std::vector<std::pair<at::Tensor, at::Tensor>>& weights) {
+  bool one_pass = !weights.empty();
+  for (const auto& [w, b] : weights)
+    one_pass = one_pass && gemv_applies(x, w, b) && w.size(0) > 0 && w.size(1) > 0;
+  std::vector<at::Tensor> out;
+  if (!one_pass) {
+    for (const auto& [w, b] : weights) out.push_back(dense_linear(x, w, b));
+    return out;
+  }
+  const int64_t K = x.size(-1), M = x.numel() / K;
+  const at::Tensor xc = x.reshape({M, K}).contiguous();
+  out = x.scalar_type() == at::kBFloat16 ? run_gemv_group<uint16_t>(xc, weights, M, K)
+                                         : run_gemv_group<float>(xc, weights, M, K);
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weights[i].first.size(0);
+    out[i] = out[i].view(shape);
+  }
+  return out;
 }
 
 }  // namespace flex

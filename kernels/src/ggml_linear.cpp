@@ -293,8 +293,11 @@ void ggml_gemv(Isa isa, uint32_t type, const uint8_t* weight, int64_t out, int64
   }
 }
 
-at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64_t K, const at::Tensor& x,
-                       const at::Tensor& bias, GgmlActivations activations) {
+namespace {
+
+// The checks of one weight and its input (ShapeError naming what disagrees); the weight's row bytes.
+int64_t checked_row_bytes(uint32_t type, const at::Tensor& weight, int64_t N, int64_t K, const at::Tensor& x,
+                          const at::Tensor& bias) {
   check_type(type);
   const int64_t row_bytes = ggml_row_bytes(type, K);
   if (weight.scalar_type() != at::kByte || !weight.is_contiguous() || weight.numel() != N * row_bytes)
@@ -308,8 +311,22 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
     throw ShapeError("ggml_linear: input dtype " + std::string(c10::toString(x.scalar_type())) + " is not a floating type");
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != N))
     throw ShapeError("ggml_linear: bias of shape " + c10::str(bias.sizes()) + " for " + std::to_string(N) + " outputs");
+  return row_bytes;
+}
+
+// y [M, N] float32 (bias added) back to x's dtype and shape.
+at::Tensor finish(at::Tensor y, const at::Tensor& x, const at::Tensor& bias) {
+  if (bias.defined()) y.add_(bias.to(at::kFloat));
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
+  out_shape.back() = y.size(1);
+  return y.to(x.scalar_type()).view(out_shape);
+}
+
+}  // namespace
+
+at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64_t K, const at::Tensor& x,
+                       const at::Tensor& bias, GgmlActivations activations) {
+  const int64_t row_bytes = checked_row_bytes(type, weight, N, K, x, bias);
   const at::Tensor xf = x.reshape({-1, K}).to(at::kFloat).contiguous();
   const int64_t M = xf.size(0);
   const uint8_t* w = weight.data_ptr<uint8_t>();
@@ -332,8 +349,59 @@ at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t N, int64
   } else {
     kernel::ggml_prefill(type, w, row_bytes, N, K, xf, y, activations);
   }
-  if (bias.defined()) y.add_(bias.to(at::kFloat));
-  return y.to(x.scalar_type()).view(out_shape);
+  return finish(std::move(y), x, bias);
+}
+
+std::vector<at::Tensor> ggml_linear_group(const std::vector<GgmlWeight>& weights, int64_t K, const at::Tensor& x,
+                                          GgmlActivations activations) {
+  std::vector<int64_t> row_bytes;
+  int64_t total = 0;
+  for (const GgmlWeight& g : weights) {
+    row_bytes.push_back(checked_row_bytes(g.type, g.weight, g.out, K, x, g.bias));
+    total += g.out;
+  }
+  const at::Tensor xf = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const int64_t M = xf.size(0);
+  std::vector<at::Tensor> out;
+  if (M > kGgmlGemvRows) {  // prefill: each product is large enough alone
+    for (const GgmlWeight& g : weights) out.push_back(ggml_linear(g.type, g.weight, g.out, K, xf, g.bias, activations));
+    for (at::Tensor& y : out) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape.back() = y.size(1);
+      y = y.to(x.scalar_type()).view(shape);
+    }
+    return out;
+  }
+  const Isa isa = cpu_isa();
+  const float* xp = xf.data_ptr<float>();
+  Q8Rows rows{};
+  if (activations == GgmlActivations::Q8) rows = quantize_q8(isa, xp, M, K).rows(M);
+  const Q8Rows* qp = activations == GgmlActivations::Q8 ? &rows : nullptr;
+  // The chunks of all weights in one list (none straddles two weights), at
+  // the chunk size of one product of all their rows.
+  struct Chunk {
+    size_t weight;
+    int64_t r0, r1;
+  };
+  std::vector<Chunk> chunks;
+  const int64_t per = decode_chunk_rows(total, M);
+  std::vector<float*> yp;
+  std::vector<const uint8_t*> wp;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    out.push_back(at::empty({M, weights[i].out}, xf.options()));
+    yp.push_back(out.back().data_ptr<float>());
+    wp.push_back(weights[i].weight.const_data_ptr<uint8_t>());
+    for (int64_t r = 0; r < weights[i].out; r += per) chunks.push_back({i, r, std::min(weights[i].out, r + per)});
+  }
+  kernel::shared_chunks(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[static_cast<size_t>(c)];
+      const GgmlWeight& g = weights[ch.weight];
+      run_rows(isa, g.type, wp[ch.weight], row_bytes[ch.weight], g.out, K, xp, M, qp, yp[ch.weight], ch.r0, ch.r1);
+    }
+  });
+  for (size_t i = 0; i < weights.size(); ++i) out[i] = finish(std::move(out[i]), x, weights[i].bias);
+  return out;
 }
 
 }  // namespace flex

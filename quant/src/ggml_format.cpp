@@ -16,6 +16,22 @@ at::Tensor GgmlFormat::dequantize(const DenseLayer& layer) const {
   return w.to(dtype_);
 }
 
+std::optional<std::vector<at::Tensor>> ggml_linear_together(const std::vector<const DenseLayer*>& layers,
+                                                            const at::Tensor& x) {
+  if (layers.empty() || !x.device().is_cpu()) return std::nullopt;
+  std::vector<GgmlWeight> weights;
+  std::optional<GgmlActivations> activations;
+  for (const DenseLayer* layer : layers) {
+    const auto* f = dynamic_cast<const GgmlFormat*>(layer->weight_format().get());
+    if (!f || layer->in_features != layers.front()->in_features || !layer->weight.device().is_cpu() ||
+        (activations && *activations != f->activations()))
+      return std::nullopt;
+    activations = f->activations();
+    weights.push_back({f->type(), layer->weight, layer->out_features, layer->bias});
+  }
+  return ggml_linear_group(weights, layers.front()->in_features, x, *activations);
+}
+
 void store_ggml(DenseLayer& layer, uint32_t type, const at::Tensor& bytes, GgmlActivations activations,
                 at::ScalarType dtype) {
   const int64_t row = ggml_row_bytes(type, layer.in_features);

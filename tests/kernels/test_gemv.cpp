@@ -189,4 +189,33 @@ TEST(CpuIsa, LevelIsCappedByScopedIsaAndNamed) {
   std::printf("[ isa      ] this CPU: %s\n", flex::to_string(best).c_str());
 }
 
+// gemv_group (a decode step's q/k/v or gate/up in one region) gives each
+// weight's dense_linear bits: sizes below and above a chunk, with and without
+// bias, float32 and bf16, every ISA, 1 and 2 threads; and a group gemv does
+// not apply to (9 rows) is dense_linear per weight.
+TEST(Gemv, GroupEqualsOneCallPerWeight) {
+  at::manual_seed(13);
+  const int64_t K = 320;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> weights;
+    for (int64_t n : {640, 48, 48, 200}) {
+      const at::Tensor w = at::randn({n, K}).to(dtype);
+      weights.emplace_back(w, n == 200 ? at::randn({n}).to(dtype) : at::Tensor());
+    }
+    for (flex::Isa isa : flex_test::isa_levels())
+      for (int threads : {1, 2})
+        for (int64_t M : {1, 5, 9}) {
+          flex::ScopedIsa cap(isa);
+          ThreadsGuard t(threads);
+          const at::Tensor x = at::randn({1, M, K}).to(dtype);
+          const std::vector<at::Tensor> group = flex::gemv_group(x, weights);
+          ASSERT_EQ(group.size(), weights.size());
+          for (size_t i = 0; i < weights.size(); ++i)
+            EXPECT_TRUE(flex_test::equal(group[i], flex::dense_linear(x, weights[i].first, weights[i].second)))
+                << "weight " << i << " " << c10::toString(dtype) << " " << flex::to_string(isa) << " M=" << M
+                << " threads=" << threads;
+        }
+  }
+}
+
 }  // namespace

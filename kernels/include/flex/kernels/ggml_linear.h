@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace flex {
 
@@ -49,6 +50,24 @@ int64_t ggml_row_bytes(uint32_t type, int64_t in);
 /// disagree.
 at::Tensor ggml_linear(uint32_t type, const at::Tensor& weight, int64_t out, int64_t in, const at::Tensor& x,
                        const at::Tensor& bias, GgmlActivations activations = GgmlActivations::Float);
+
+/// One weight of a ggml_linear_group: W [out, in] as `type` blocks in
+/// `weight` (as ggml_linear takes it), and an optional bias [out].
+struct GgmlWeight {
+  uint32_t type;
+  at::Tensor weight;
+  int64_t out;
+  at::Tensor bias;
+};
+
+/// x [..., in] through each weight, as one ggml_linear call per weight would
+/// give, bit for bit. At decode shapes they share one parallel region (the
+/// rows of all weights dealt out together) and, with Q8 activations, one
+/// quantization of x: a decode step's q/k/v and gate/up products are then
+/// one call each, not five calls whose small matrices (k and v: 256 rows in
+/// a 1.1B Llama) are mostly thread start and tail.
+std::vector<at::Tensor> ggml_linear_group(const std::vector<GgmlWeight>& weights, int64_t in, const at::Tensor& x,
+                                          GgmlActivations activations = GgmlActivations::Float);
 
 /// The block-decoding kernel at one instruction set, for tests: rows
 /// [r0, r1) of W times the `m` float rows of x [m, in] into y [m, out]

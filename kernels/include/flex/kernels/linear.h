@@ -7,6 +7,9 @@
 // float32: FMA; AVX-512 or AVX2), prefetching ahead of the reads.
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+#include <vector>
+
 namespace flex {
 
 /// Input rows gemv takes in one pass; more rows are a GEMM (at::linear).
@@ -71,5 +74,11 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at
 /// part of every weight row, accumulating in float in a per-thread buffer.
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                 WeightLayout layout = WeightLayout::OutIn);
+
+/// x through each OutIn (weight, bias), as one dense_linear call per weight
+/// gives, bit for bit; where gemv_applies to all of them, in one
+/// parallel region (a decode step's q/k/v or gate/up: three or two small
+/// products become one, without a thread start and tail each).
+std::vector<at::Tensor> gemv_group(const at::Tensor& x, const std::vector<std::pair<at::Tensor, at::Tensor>>& weights);
 
 }  // namespace flex

@@ -9,6 +9,8 @@
 #include <flex/kernels/ggml_linear.h>
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace flex {
 
@@ -29,6 +31,14 @@ class GgmlFormat : public WeightFormat {
   GgmlActivations activations_;
   at::ScalarType dtype_;
 };
+
+/// `layers`' products of the one input x computed together
+/// (ggml_linear_group: one parallel region, x quantized once), bit-equal to
+/// calling each layer's format; nullopt unless x is on the CPU and every
+/// layer is stored in a GgmlFormat with the same activations. The caller
+/// decides that no hook is bypassed.
+std::optional<std::vector<at::Tensor>> ggml_linear_together(const std::vector<const DenseLayer*>& layers,
+                                                            const at::Tensor& x);
 
 /// Stores `bytes` (uint8, out_features rows of ggml_row_bytes(type,
 /// in_features) bytes) as `layer`'s weight in `type`. ShapeError naming the
