@@ -2,6 +2,7 @@
 #include <flex/hooks/errors.h>
 #include <flex/hooks/nn.h>
 #include <flex/hooks/frozen_replacement.h>
+#include <flex/kernels/fused_elementwise.h>
 #include <flex/kernels/linear.h>
 
 #include <ATen/ATen.h>
@@ -175,6 +176,11 @@ RMSNorm::RMSNorm(int64_t dim, double e, std::string class_name, const at::Tensor
 Value RMSNorm::forward(Inputs inputs) {
   const at::Tensor& x = inputs.tensor(0);
   const bool frozen = nonlinearities_frozen();  // 1/rms a constant, float64 kept (frozen_replacement.h)
+  if (!frozen && fused_rms_norm_applies(x, weight))  // one pass, the same roundings (design decision 57)
+    return fused_rms_norm(x, weight, eps,
+                          scale == Scale::WeightThenCast  ? RmsNormScale::WeightThenCast
+                          : scale == Scale::OnePlusWeight ? RmsNormScale::OnePlusWeight
+                                                          : RmsNormScale::Weight);
   at::Tensor h = x.to(frozen ? at::promote_types(at::kFloat, x.scalar_type()) : at::kFloat);
   at::Tensor var = h.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor inv_rms = at::rsqrt(var + eps);

@@ -1,8 +1,11 @@
 #include "common.h"
 
+#include "attention.h"
+
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
 #include <flex/hooks/shape_text.h>
+#include <flex/kernels/fused_elementwise.h>
 #include <flex/kernels/softmax.h>
 
 #include <ATen/ATen.h>
@@ -232,6 +235,12 @@ double raw_number(const ModelConfig& cfg, const char* key, double dflt) {
   auto it = cfg.raw.find(key);
   if (it == cfg.raw.end() || !it->is_number()) return dflt;
   return it->get<double>();
+}
+
+at::Tensor act_times(Activation& act, const at::Tensor& gate, const at::Tensor& up) {
+  if ((act.kind == "silu" || act.kind == "swish") && !has_hook(act) && silu_mul_applies(gate, up))
+    return silu_mul(gate, up);
+  return act(gate) * up;
 }
 
 std::shared_ptr<Identity> hook_point() { return std::make_shared<Identity>("HookPoint"); }

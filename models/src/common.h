@@ -98,6 +98,11 @@ Value run_all_stages(StagedModel& model, const ModelCall& call);
 /// A number from the raw config (dropout rates), `dflt` when absent or null.
 double raw_number(const ModelConfig& cfg, const char* key, double dflt);
 
+/// act(gate) * up, the gated MLP's product: one pass (flex::silu_mul) when
+/// `act` is SiLU without a hook (a hook must still see its call) and the
+/// kernel takes the tensors (CPU, no graph to record); else the two ops.
+at::Tensor act_times(Activation& act, const at::Tensor& gate, const at::Tensor& up);
+
 /// A hook point: an Identity whose class name says what it is.
 std::shared_ptr<Identity> hook_point();
 

@@ -213,7 +213,7 @@ Value DecoderMLP::forward(Inputs inputs) {
   if (gate_up_proj) {
     at::Tensor gu = (*gate_up_proj)(x);
     const int64_t i = gu.size(-1) / 2;
-    return (*down_proj)(gu.narrow(-1, i, i) * (*act_fn)(gu.narrow(-1, 0, i)));
+    return (*down_proj)(detail::act_times(*act_fn, gu.narrow(-1, 0, i), gu.narrow(-1, i, i)));
   }
   at::Tensor gated = (*act_fn)((*gate_proj)(x));
   return (*down_proj)(gated * (*up_proj)(x));

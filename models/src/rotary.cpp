@@ -1,5 +1,6 @@
 #include <flex/hooks/empty_init.h>
 #include <flex/hooks/errors.h>
+#include <flex/kernels/fused_elementwise.h>
 #include <flex/models/rotary.h>
 
 #include <ATen/ATen.h>
@@ -100,6 +101,8 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // One pass with the ops' roundings, bit for bit (design decision 57).
+  if (fused_rotary_applies(x, cos, sin)) return fused_rotary(x, cos, sin);
   at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   return x * c + rotate_half(x) * s;
 }

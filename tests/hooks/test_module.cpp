@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace flex;
@@ -208,4 +209,82 @@ TEST(Layers, MatchIndependentFormulas) {
   Embedding emb(10, 3);
   at::Tensor ids = at::tensor({1, 7}, at::kLong).view({1, 2});
   EXPECT_TRUE(flex_test::equal(emb(ids)[0][1], emb.weight[7]));
+}
+
+// RMSNorm's one-pass kernel (flex::fused_rms_norm, taken where no graph is
+// recorded) against float64 with the dtype casts where each Scale variant
+// puts them; 1 and 2 threads bit-equal; with a graph, the libtorch ops and
+// their gradient.
+namespace {
+
+at::Tensor rms_reference(const at::Tensor& x, const at::Tensor& w, double eps, RMSNorm::Scale scale) {
+  const at::Tensor h = x.to(at::kDouble);
+  const at::Tensor n = h / at::sqrt(h.pow(2).mean(-1, true) + eps);
+  const at::Tensor wd = w.to(at::kDouble);
+  auto as = [](const at::Tensor& t, at::ScalarType s) { return t.to(s).to(at::kDouble); };  // rounded to s
+  switch (scale) {
+    case RMSNorm::Scale::WeightThenCast: return (wd * n).to(x.scalar_type());
+    case RMSNorm::Scale::OnePlusWeight: return (n * (wd + 1.0)).to(x.scalar_type());
+    default: return (wd * as(n, x.scalar_type())).to(at::promote_types(w.scalar_type(), x.scalar_type()));
+  }
+}
+
+}  // namespace
+
+TEST(Layers, FusedRmsNormMatchesFloat64ForEachScaleAndDtype) {
+  at::manual_seed(0);
+  at::NoGradGuard no_grad;  // parameters require grad: without the guard the libtorch ops run
+  for (auto scale : {RMSNorm::Scale::Weight, RMSNorm::Scale::WeightThenCast, RMSNorm::Scale::OnePlusWeight})
+    for (auto xt : {at::kFloat, at::kBFloat16})
+      for (auto wt : {at::kFloat, at::kBFloat16})
+        for (int64_t dim : {2048, 37}) {  // a decode row; a length with a tail after 16-wide steps
+          SCOPED_TRACE(::testing::Message() << "scale " << static_cast<int>(scale) << " x " << xt << " w " << wt
+                                            << " dim " << dim);
+          RMSNorm rms(dim, 1e-5, "LlamaRMSNorm", at::TensorOptions().dtype(wt), scale);
+          rms.weight.copy_(at::randn({dim}) * 0.5 + (scale == RMSNorm::Scale::OnePlusWeight ? 0.0 : 1.0));
+          // [3, 2, dim] with the leading dims transposed: rows at strides the kernel walks itself
+          const at::Tensor x = (at::randn({2, 3, dim}) * 3.0).to(xt).transpose(0, 1);
+          const at::Tensor y = rms(x);
+          const at::Tensor expected = rms_reference(x, rms.weight, 1e-5, scale);
+          ASSERT_EQ(y.scalar_type(), expected.scalar_type());
+          if (xt == at::kFloat) {
+            EXPECT_TRUE(flex_test::close(y, expected, 1e-5, 1e-6));
+          } else {
+            // bf16 x: within one bf16 unit in the last place of the float64
+            // value rounded at the same points, and the same bits nearly
+            // everywhere (float32 arithmetic may tip a rounding; a misplaced
+            // cast shows in many elements).
+            EXPECT_TRUE(flex_test::close(y, expected, 1.0 / 128, 1e-6));
+            const double same = y.eq(expected).to(at::kDouble).mean().item<double>();
+            EXPECT_GE(same, 0.97) << "share of elements bit-equal to the float64 reference";
+          }
+        }
+}
+
+TEST(Layers, FusedRmsNormSameBitsForOneAndTwoThreadsAndGradientsKeepTheOps) {
+  at::manual_seed(1);
+  RMSNorm rms(256, 1e-6);
+  rms.weight.data().copy_(at::randn({256}));
+  const at::Tensor x = at::randn({4, 64, 256});  // 256 rows: split among threads
+  at::Tensor one, two;
+  {
+    at::NoGradGuard no_grad;
+    {
+      flex_test::ThreadsGuard threads(1);
+      one = rms(x);
+    }
+    flex_test::ThreadsGuard threads(2);
+    two = rms(x);
+  }
+  EXPECT_TRUE(flex_test::equal(one, two));
+  // With a graph to record (x requires grad): the libtorch ops, whose
+  // gradient matches the float64 formula's.
+  const at::Tensor xg = x.narrow(1, 0, 4).clone().requires_grad_(true);
+  const at::Tensor y = rms(xg);
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  const at::Tensor xd = x.narrow(1, 0, 4).to(at::kDouble).requires_grad_(true);
+  (rms.weight.detach().to(at::kDouble) * xd / at::sqrt(xd.pow(2).mean(-1, true) + 1e-6)).sum().backward();
+  EXPECT_TRUE(flex_test::close(xg.grad(), xd.grad().to(at::kFloat), 1e-4, 1e-5));
+  EXPECT_TRUE(flex_test::close(y, one.narrow(1, 0, 4), 1e-5, 1e-6));
 }

@@ -7,11 +7,17 @@
 #include <flex/models/architecture.h>
 #include <flex/models/auto_model.h>
 #include <flex/models/decoder.h>
+#include <flex/kernels/fused_elementwise.h>
+
+#include <ATen/ATen.h>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+
+#include "kernel_test_util.h"
+#include "test_util.h"
 
 using namespace flex;
 
@@ -150,6 +156,82 @@ TEST(Architectures, YarnAttentionFactorFollowsMscale) {
   EXPECT_NEAR(m.rope_scaling.attention_factor, (0.1 * std::log(40.0) + 1.0) / (0.05 * std::log(40.0) + 1.0), 1e-12);
   EXPECT_EQ(m.rope_scaling.beta_fast, 32.0);
   EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 4096);
+}
+
+// The gated MLP's act_fn(gate) * up: one pass (flex::silu_mul) where act_fn
+// is SiLU without a hook, against float64; a hooked act_fn is still called.
+// Llama (gate_proj and up_proj) and Phi-3 (gate_up_proj).
+TEST(Architectures, GatedMlpMatchesFloat64AndAHookedActivationIsStillCalled) {
+  at::manual_seed(0);
+  at::NoGradGuard no_grad;
+  for (const char* type : {"llama", "phi3"}) {
+    SCOPED_TRACE(type);
+    const nlohmann::json j = {{"model_type", type},        {"vocab_size", 32},         {"hidden_size", 16},
+                              {"num_hidden_layers", 1},    {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                              {"intermediate_size", 40},   {"max_position_embeddings", 16}};
+    auto model = build_causal_lm(parse_config(j, std::string(type) + "/config.json"));
+    auto mlp = std::dynamic_pointer_cast<DecoderMLP>(model->get_submodule("model.layers.0.mlp"));
+    ASSERT_TRUE(mlp);
+    for (const auto& p : mlp->parameters()) p.copy_(at::randn(p.sizes()) * 0.3);
+    const at::Tensor x = at::randn({2, 3, 16}) * 2.0;
+    // float64: down(silu(gate x) * up x)
+    const at::Tensor xd = x.to(at::kDouble);
+    at::Tensor gate, up;
+    if (mlp->gate_up_proj) {
+      const at::Tensor gu = at::matmul(xd, mlp->gate_up_proj->weight.to(at::kDouble).t());
+      gate = gu.narrow(-1, 0, 40), up = gu.narrow(-1, 40, 40);
+    } else {
+      gate = at::matmul(xd, mlp->gate_proj->weight.to(at::kDouble).t());
+      up = at::matmul(xd, mlp->up_proj->weight.to(at::kDouble).t());
+    }
+    const at::Tensor expected =
+        at::matmul(gate / (1.0 + at::exp(-gate)) * up, mlp->down_proj->weight.to(at::kDouble).t()).to(at::kFloat);
+    EXPECT_TRUE(flex_test::close((*mlp)(x), expected, 1e-4, 1e-5));
+    int calls = 0;
+    HookHandle h = mlp->act_fn->register_forward_hook([&](Module&, const Inputs&, Value&) { ++calls; });
+    EXPECT_TRUE(flex_test::close((*mlp)(x), expected, 1e-4, 1e-5));
+    EXPECT_EQ(calls, 1);
+  }
+}
+
+// silu_mul itself on the values where exp is delicate (both overflow sides,
+// +-inf, NaN) and a length with a tail after 16-wide steps, float32 and bf16,
+// against float64 rounded where the two ops round; 1 and 2 threads bit-equal.
+TEST(Architectures, SiluTimesUpKernelMatchesFloat64) {
+  if (!silu_mul_applies(at::zeros({1}), at::zeros({1}))) GTEST_SKIP() << "silu_mul needs an AVX-512 CPU";
+  at::manual_seed(2);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {-inf, -100.0f, -88.8f, -88.6f, -50.0f, -17.5f, -1e-3f, 0.0f, 1e-3f,
+                                      5.0f, 17.5f,   30.0f,  88.8f,  100.0f, inf,     -0.0f};
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    at::Tensor g = at::randn({3, 37}) * 8.0;
+    g[0].narrow(0, 0, 16).copy_(at::tensor(special));
+    g = g.to(dtype);
+    const at::Tensor u = (at::randn({3, 37}) * 4.0).to(dtype);
+    const at::Tensor y = silu_mul(g, u);
+    const at::Tensor gd = g.to(at::kDouble);
+    const at::Tensor silu = (gd / (1.0 + at::exp(-gd))).to(dtype).to(at::kDouble);  // rounded as at::silu's result
+    const at::Tensor expected = (silu * u.to(at::kDouble)).to(dtype);
+    // g = -inf: -inf / inf is NaN in both; elsewhere finite values
+    const at::Tensor nan = expected.isnan();
+    EXPECT_TRUE(flex_test::equal(y.isnan(), nan));
+    const at::Tensor yv = y.masked_fill(nan, 0.0), ev = expected.masked_fill(nan, 0.0);
+    if (dtype == at::kFloat) {
+      EXPECT_TRUE(flex_test::close(yv, ev, 1e-6, 1e-30));
+    } else {
+      EXPECT_TRUE(flex_test::close(yv, ev, 1.0 / 128, 1e-30));
+      EXPECT_GE(yv.eq(ev).to(at::kDouble).mean().item<double>(), 0.97) << "share bit-equal to float64 rounded";
+    }
+  }
+  const at::Tensor g = at::randn({64, 1000}), u = at::randn({64, 1000});
+  at::Tensor one;
+  {
+    flex_test::ThreadsGuard threads(1);
+    one = silu_mul(g, u);
+  }
+  flex_test::ThreadsGuard threads(2);
+  EXPECT_TRUE(flex_test::equal(silu_mul(g, u), one));
 }
 
 }  // namespace

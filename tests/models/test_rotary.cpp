@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace flex;
@@ -83,6 +84,58 @@ TEST(Rotary, ModuleReturnsCosSinInInputDtype) {
   EXPECT_EQ(cos.scalar_type(), at::kBFloat16);
   EXPECT_EQ(cos.sizes(), (std::vector<int64_t>{1, 3, 16}));
   EXPECT_THROW(rot(Inputs{at::zeros({1, 3, 32})}), NotFoundError);
+}
+
+// The one-pass rotation (flex::fused_rotary, taken where no graph is
+// recorded) against float64 with each product and the sum rounded to x's
+// dtype as the separate ops round them: the same bits. q and k as attention
+// makes them (views of [B, T, H, D] with H and T swapped).
+at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto t = x.scalar_type();
+  auto rounded = [t](const at::Tensor& v) { return v.to(t).to(at::kDouble); };
+  const at::Tensor xd = x.to(at::kDouble), c = cos.to(at::kDouble).unsqueeze(1), s = sin.to(at::kDouble).unsqueeze(1);
+  const int64_t h = x.size(-1) / 2;
+  const at::Tensor rot = at::cat({-xd.narrow(-1, h, h), xd.narrow(-1, 0, h)}, -1);
+  return (rounded(xd * c) + rounded(rot * s)).to(t);
+}
+
+TEST(Rotary, FusedRotationEqualsTheOpsRoundingsAndThreads) {
+  at::manual_seed(0);
+  at::NoGradGuard no_grad;
+  struct Case {
+    int64_t b, h, t, d, p;
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (Case k : {Case{1, 32, 1, 64, 1}, Case{1, 4, 1, 64, 1}, Case{2, 3, 5, 16, 2}, Case{2, 3, 5, 16, 1},
+                   Case{1, 8, 96, 64, 1}}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " B " << k.b << " H " << k.h << " T " << k.t << " D " << k.d
+                                        << " P " << k.p);
+      const at::Tensor x = at::randn({k.b, k.t, k.h, k.d}).to(dtype).transpose(1, 2);
+      const at::Tensor ang = at::rand({k.p, k.t, k.d / 2}) * 20.0;
+      const at::Tensor cos = at::cat({ang, ang}, -1).cos().to(dtype), sin = at::cat({ang, ang}, -1).sin().to(dtype);
+      const at::Tensor y = apply_rotary(x, cos, sin);
+      EXPECT_TRUE(flex_test::equal(y, rotary_reference(x, cos, sin)));
+      EXPECT_EQ(y.strides(), x.strides());  // the ops' result follows x's layout too
+      at::Tensor one;
+      {
+        flex_test::ThreadsGuard threads(1);
+        one = apply_rotary(x, cos, sin);
+      }
+      flex_test::ThreadsGuard threads(2);
+      EXPECT_TRUE(flex_test::equal(apply_rotary(x, cos, sin), one));
+    }
+}
+
+TEST(Rotary, RotationOfATensorThatRequiresGradKeepsTheOps) {
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({1, 2, 3, 8}).requires_grad_(true);
+  const at::Tensor ang = at::rand({1, 3, 4});
+  const at::Tensor cos = at::cat({ang, ang}, -1).cos(), sin = at::cat({ang, ang}, -1).sin();
+  const at::Tensor y = apply_rotary(x, cos, sin);
+  ASSERT_TRUE(y.requires_grad());
+  y.pow(2).sum().backward();  // a rotation keeps norms: d/dx |R x|^2 = 2 x
+  EXPECT_TRUE(flex_test::close(x.grad(), 2.0 * x.detach(), 1e-5, 1e-6));
+  EXPECT_TRUE(flex_test::close(y.detach(), rotary_reference(x.detach(), cos, sin), 1e-6, 1e-7));
 }
 
 }  // namespace

@@ -1,0 +1,126 @@
+// silu_mul: silu(gate) * up, the SwiGLU MLP's two elementwise ops (and their
+// intermediate tensor) as one pass, AVX-512 only: exp needs a vector
+// polynomial to beat libtorch's vectorized silu, and below AVX-512 the two
+// ops keep running. silu(g) = g / (1 + exp(-g)) as libtorch writes it,
+// rounded to the dtype before the product as the separate ops round it.
+#include <flex/hooks/errors.h>
+#include <flex/kernels/cpu_isa.h>
+#include <flex/kernels/fused_elementwise.h>
+#include <flex/kernels/target.h>
+
+#include "exp_constants.h"
+#include "fused_rows.h"
+#include "records_grad.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <type_traits>
+
+FLEX_KERNELS_BEGIN
+
+namespace flex {
+
+namespace {
+
+using BF16 = c10::BFloat16;
+
+#if FLEX_HAVE_X86_KERNELS
+FLEX_TARGET_AVX512 inline __m512 silu_avx512(__m512 g) {
+  using C = detail::ExpConstants;
+  // t = -g within [-20, 100]: below -17, 1 + exp(t) rounds to 1 anyway; above
+  // 88.73 scalef overflows to inf as expf does (g / inf = -0, and NaN for
+  // g = -inf, as libtorch gets). A NaN g gives the bound (max_ps returns its
+  // second operand then) and g / (...) stays NaN.
+  __m512 t = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(-20.0f));
+  t = _mm512_min_ps(t, _mm512_set1_ps(100.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(C::log2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_hi), t);
+  f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_lo), f);
+  __m512 p = _mm512_set1_ps(C::p0);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p5));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, f), f, f), _mm512_set1_ps(1.0f));
+  const __m512 e = _mm512_scalef_ps(y, k);
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// float32 -> bf16 bits (in the low half of each lane), round to nearest even
+// as c10::BFloat16 does, a NaN becoming its quiet NaN 0x7fc0.
+FLEX_TARGET_AVX512 inline __m512i to_bf16_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, _mm512_set1_epi32(0x7fc0));
+}
+
+FLEX_TARGET_AVX512 inline __m512 from_bf16_bits(__m512i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)); }
+
+template <typename T>
+FLEX_TARGET_AVX512 inline __m512 load16(const T* p, __mmask16 live) {
+  if constexpr (std::is_same_v<T, float>)
+    return _mm512_maskz_loadu_ps(live, p);
+  else
+    return from_bf16_bits(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)));
+}
+
+template <typename T>
+FLEX_TARGET_AVX512 void silu_mul_row(const T* g, const T* u, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 s = silu_avx512(load16(g + i, live));  // dead lanes: silu(0) = 0
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_mask_storeu_ps(out + i, live, _mm512_mul_ps(s, load16(u + i, live)));
+    } else {
+      const __m512 s16 = from_bf16_bits(to_bf16_bits(s));  // silu's own bf16 result
+      _mm256_mask_storeu_epi16(out + i, live, _mm512_cvtepi32_epi16(to_bf16_bits(_mm512_mul_ps(s16, load16(u + i, live)))));
+    }
+  }
+}
+
+template <typename T>
+void silu_mul_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  const int64_t n = gate.size(-1), rows = n ? gate.numel() / n : 0;
+  const detail::RowOffsets g_off(gate), u_off(up);
+  const T* gp = gate.const_data_ptr<T>();
+  const T* up_p = up.const_data_ptr<T>();
+  T* op = out.mutable_data_ptr<T>();
+  at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) silu_mul_row<T>(gp + g_off(r), up_p + u_off(r), op + r * n, n);
+  });
+}
+#endif
+
+}  // namespace
+
+bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up) {
+  return FLEX_HAVE_X86_KERNELS && cpu_isa() >= Isa::Avx512 && gate.defined() && up.defined() &&
+         gate.device().is_cpu() && up.device().is_cpu() && gate.layout() == at::kStrided &&
+         up.layout() == at::kStrided && detail::float_or_bf16(gate) && up.scalar_type() == gate.scalar_type() &&
+         gate.sizes() == up.sizes() && detail::last_dim_contiguous(gate) && detail::last_dim_contiguous(up) &&
+         !detail::records_grad(gate, up, at::Tensor());
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  if (!silu_mul_applies(gate, up))
+    throw UnsupportedError("silu_mul: gate " + c10::str(gate.sizes()) + " and up " + c10::str(up.sizes()) +
+                           " are not CPU float32/bf16 tensors of one shape and dtype without a graph, on an "
+                           "AVX-512 CPU");
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+#if FLEX_HAVE_X86_KERNELS
+  if (gate.scalar_type() == at::kBFloat16)
+    silu_mul_rows<BF16>(gate, up, out);
+  else
+    silu_mul_rows<float>(gate, up, out);
+#endif
+  return out;
+}
+
+}  // namespace flex
+
+FLEX_KERNELS_END
