@@ -4,6 +4,7 @@
 // named_modules() and hook order match Transformers.
 #include "attention.h"
 #include "common.h"
+#include "sibling_projections.h"
 
 #include <flex/hooks/errors.h>
 #include <flex/models/decoder.h>
@@ -120,9 +121,8 @@ DecoderAttention::DecoderAttention(const Arch& arch, const ModelConfig& cfg, int
   if (!plain) kv_index_ = at::tensor(index, at::kLong);
 }
 
-at::Tensor DecoderAttention::project(const std::shared_ptr<Linear>& proj, const std::shared_ptr<RMSNorm>& norm,
-                                     const at::Tensor& x, int64_t n_heads) {
-  at::Tensor y = (*proj)(x);
+at::Tensor DecoderAttention::to_heads(at::Tensor y, const std::shared_ptr<RMSNorm>& norm, const at::Tensor& x,
+                                      int64_t n_heads) {
   if (norm && arch_.qk_norm == Arch::QKNorm::Projection) y = (*norm)(y);
   y = y.view({x.size(0), x.size(1), n_heads, cfg_.head_dim});
   if (norm && arch_.qk_norm == Arch::QKNorm::PerHead) y = (*norm)(y);
@@ -142,9 +142,18 @@ Value DecoderAttention::forward(Inputs inputs) {
     k = qkv.narrow(-1, h * d, kvh * d).view({b, t, kvh, d}).transpose(1, 2);
     v = qkv.narrow(-1, (h + kvh) * d, kvh * d).view({b, t, kvh, d}).transpose(1, 2);
   } else {
-    q = project(q_proj, q_norm, x, h);
-    k = project(k_proj, k_norm, x, kvh);
-    v = (*v_proj)(x).view({b, t, kvh, d}).transpose(1, 2);
+    // One call for the three when none is hooked (GGUF blocks: one parallel
+    // region); else in Transformers' order, each norm after its projection.
+    if (auto qkv = detail::project_together({q_proj, k_proj, v_proj}, x)) {
+      q = to_heads((*qkv)[0], q_norm, x, h);
+      k = to_heads((*qkv)[1], k_norm, x, kvh);
+      v = (*qkv)[2];
+    } else {
+      q = to_heads((*q_proj)(x), q_norm, x, h);
+      k = to_heads((*k_proj)(x), k_norm, x, kvh);
+      v = (*v_proj)(x);
+    }
+    v = v.view({b, t, kvh, d}).transpose(1, 2);
   }
 
   const at::Tensor& cos = call.cos;
@@ -215,8 +224,15 @@ Value DecoderMLP::forward(Inputs inputs) {
     const int64_t i = gu.size(-1) / 2;
     return (*down_proj)(detail::act_times(*act_fn, gu.narrow(-1, 0, i), gu.narrow(-1, i, i)));
   }
-  at::Tensor gated = (*act_fn)((*gate_proj)(x));
-  return (*down_proj)(gated * (*up_proj)(x));
+  // gate and up in one call when neither is hooked; else gate, act_fn, up: Transformers' order.
+  if (auto gu = detail::project_together({gate_proj, up_proj}, x))
+    return (*down_proj)(detail::act_times(*act_fn, (*gu)[0], (*gu)[1]));
+  const at::Tensor gate = (*gate_proj)(x);
+  if (detail::has_hook(*act_fn)) {  // its hook sees act_fn called before up_proj
+    const at::Tensor gated = (*act_fn)(gate);
+    return (*down_proj)(gated * (*up_proj)(x));
+  }
+  return (*down_proj)(detail::act_times(*act_fn, gate, (*up_proj)(x)));  // the grouped path's arithmetic
 }
 
 // ---------------------------------------------------------------------------

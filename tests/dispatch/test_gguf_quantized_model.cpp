@@ -184,4 +184,31 @@ TEST(GgufQuantizedModel, OneAndTwoThreadsGiveTheSameBits) {
   }
 }
 
+// A decode step's q/k/v and gate/up run as one grouped product when none is
+// hooked (decision 59's grouped GEMV, quantized blocks or float weights); a
+// hook on any of them brings back the separate calls, which the hook must
+// see. Both give the same bits.
+TEST(GgufQuantizedModel, GroupedProjectionsEqualSeparateCalls) {
+  auto golden = flex::SafetensorsFile::open(data_path("gguf/llama-mixed.logits.safetensors"));
+  for (int mode = 0; mode < 3; ++mode) {  // blocks, blocks with fast activations, dequantized (float GEMV)
+    const bool fast = mode == 1;
+    auto model = load(mode < 2, fast);
+    at::NoGradGuard g;
+    for (const char* key : {"prefill", "decode"}) {
+      const at::Tensor ids = golden->get(std::string(key) + "_input_ids");
+      const at::Tensor grouped = model->logits(ids);
+      EXPECT_TRUE(flex_test::equal(grouped, model->logits(ids))) << "repeat " << key;
+      int calls = 0;
+      std::vector<flex::HookHandle> hooks;
+      for (const char* name : {"model.layers.0.self_attn.v_proj", "model.layers.0.mlp.up_proj"})
+        hooks.push_back(model->get_submodule(name)->register_forward_hook(
+            [&calls](flex::Module&, const flex::Inputs&, flex::Value&) { ++calls; }));
+      const at::Tensor separate = model->logits(ids);
+      for (auto& h : hooks) h.remove();
+      EXPECT_EQ(calls, 2) << key;
+      EXPECT_TRUE(flex_test::equal(grouped, separate)) << key << " mode " << mode;
+    }
+  }
+}
+
 }  // namespace

@@ -158,8 +158,8 @@ class DecoderAttention : public Module {
   const AttentionHeads& heads() const { return heads_; }
 
  private:
-  at::Tensor project(const std::shared_ptr<Linear>& proj, const std::shared_ptr<RMSNorm>& norm, const at::Tensor& x,
-                     int64_t n_heads);
+  // A projection y [B, T, n * head_dim] of x as heads [B, n, T, head_dim], its q/k norm applied where the architecture puts it.
+  at::Tensor to_heads(at::Tensor y, const std::shared_ptr<RMSNorm>& norm, const at::Tensor& x, int64_t n_heads);
   DecoderArch arch_;
   ModelConfig cfg_;
   int64_t layer_idx_;
