@@ -10,6 +10,7 @@
 #include <flex/kernels/softmax.h>
 #include <flex/kernels/target.h>
 
+#include "exp_poly.h"
 #include "records_grad.h"
 
 #include <ATen/ATen.h>
@@ -28,9 +29,7 @@ namespace flex {
 
 namespace {
 
-// Below this, exp underflows float32's normals: the kernels return 0 there
-// (the exact value is under 1.2e-38, nothing next to a row sum >= 1).
-constexpr float kExpLow = -87.33654f;
+using kernel::kExpLow;
 
 // One row: `x` [n] in place, `allowed` [n] (or null: everything allowed).
 struct Row {
@@ -57,33 +56,8 @@ void row_scalar(const Row& r) {
 }
 
 #if FLEX_HAVE_X86_KERNELS
-// exp on (-inf, 0] and NaN: x = k ln2 + f, |f| <= ln2 / 2, exp(f) by Cephes'
-// degree-6 polynomial, times 2^k built in the exponent bits (k >= -126 above
-// kExpLow, so the bits stay a normal number).
-struct ExpConstants {
-  static constexpr float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  static constexpr float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,
-                         p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f;
-};
-
-FLEX_TARGET_AVX2 inline __m256 exp_avx2(__m256 x) {
-  using C = ExpConstants;
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLow), _CMP_LT_OQ);
-  x = _mm256_max_ps(_mm256_set1_ps(kExpLow), x);  // NaN stays NaN: max returns its second operand then
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(C::log2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 f = _mm256_fnmadd_ps(k, _mm256_set1_ps(C::ln2_hi), x);
-  f = _mm256_fnmadd_ps(k, _mm256_set1_ps(C::ln2_lo), f);
-  __m256 p = _mm256_set1_ps(C::p0);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(C::p1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(C::p2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(C::p3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(C::p4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(C::p5));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, f), f, f), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
-}
+using kernel::exp_avx2;
+using kernel::exp_avx512;
 
 FLEX_TARGET_AVX2 inline __m256 allowed_avx2(const bool* a) {  // 8 bools -> all-ones lanes where true
   const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
@@ -129,24 +103,6 @@ FLEX_TARGET_AVX2 void row_avx2(const Row& r) {
   const __m256 inv = _mm256_set1_ps(1.0f / sum);
   for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(r.x + i, _mm256_mul_ps(_mm256_loadu_ps(r.x + i), inv));
   for (int64_t i = n8; i < r.n; ++i) r.x[i] *= 1.0f / sum;
-}
-
-FLEX_TARGET_AVX512 inline __m512 exp_avx512(__m512 x) {
-  using C = ExpConstants;
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLow), _CMP_LT_OQ);
-  x = _mm512_max_ps(_mm512_set1_ps(kExpLow), x);
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(C::log2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_hi), x);
-  f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_lo), f);
-  __m512 p = _mm512_set1_ps(C::p0);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p5));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, f), f, f), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), y, k);
 }
 
 FLEX_TARGET_AVX512 void row_avx512(const Row& r) {

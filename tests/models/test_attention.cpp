@@ -16,6 +16,7 @@
 #include "../../models/src/attention.h"
 
 #include <flex/hooks/errors.h>
+#include <flex/kernels/decode_attention.h>
 #include <flex/models/auto_model.h>
 
 
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -169,6 +171,136 @@ TEST(Attend, DecodeKernelReadsGroupedHeadsAsTheirRepeats) {
   EXPECT_THROW(fd::attend(at::randn({1, 6, 1, 4}), at::randn({1, 4, 3, 4}), at::randn({1, 4, 3, 4}), at::Tensor(),
                           AttendOptions{}, point),
                flex::ShapeError);
+}
+
+// The kernel under the decode path (flex::grouped_decode_attention) on every
+// ISA level this CPU has: groups of 1, 4, 8 and 12 query heads per key/value
+// head (12: two blocks of heads in a unit), head sizes on and off the vector
+// width, two sequences with different masks (left padding and holes, a
+// sequence that sees no key, a mask shared by the batch, none), caches that
+// are views into longer buffers (one with the positions outermost), against
+// float64 softmax(q k^T * scale) v on heads repeated by hand; 1 and 2
+// threads give the same bits.
+struct DecodeCase {
+  int64_t h, kvh, d, dv, s;
+  int mask;  // 0: none; 1: [B, S] padding + holes; 2: second sequence sees no key; 3: [1, S] shared
+  bool positions_outer;  // the buffer laid out [B, cap, Hkv, D]
+};
+
+TEST(Attend, DecodeKernelOnEveryIsaEqualsTheFloat64Reference) {
+  const std::vector<DecodeCase> cases = {
+      {3, 3, 64, 64, 37, 1, false},   {8, 2, 40, 72, 100, 2, true}, {32, 4, 64, 64, 130, 1, false},
+      {12, 1, 24, 8, 17, 3, false},   {32, 4, 64, 64, 16, 0, true}, {16, 2, 128, 128, 45, 2, false},
+  };
+  for (const flex::Isa isa : flex_test::isa_levels()) {
+    flex::ScopedIsa scoped(isa);
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+      double worst = 0;
+      std::string worst_at;
+      for (const auto& c : cases) {
+        at::manual_seed(c.h * 1000 + c.s);
+        const int64_t b = 2, cap = c.s + 9;
+        const at::Tensor q = (at::randn({b, c.h, 1, c.d}) * 2).to(dt);
+        auto cache = [&](int64_t width) {
+          const at::Tensor buf = c.positions_outer ? at::randn({b, cap, c.kvh, width}).to(dt).transpose(1, 2)
+                                                   : at::randn({b, c.kvh, cap, width}).to(dt);
+          return buf.narrow(2, 4, c.s);  // a window inside the buffer, as a cache's narrow()
+        };
+        const at::Tensor k = cache(c.d), v = cache(c.dv);
+        at::Tensor keep;
+        if (c.mask == 1 || c.mask == 2) {
+          keep = at::rand({b, c.s}).gt(0.3);
+          keep[0].narrow(0, 0, std::min<int64_t>(5, c.s - 1)).fill_(false);  // left padding
+          keep[0][c.s - 1] = true;
+          if (c.mask == 2) keep[1].fill_(false);
+        } else if (c.mask == 3) {
+          keep = at::rand({1, c.s}).gt(0.5);
+          keep[0][0] = true;
+        }
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+        at::Tensor one, two;
+        {
+          flex_test::ThreadsGuard g(1);
+          one = flex::grouped_decode_attention(q, k, v, keep, scale);
+        }
+        {
+          flex_test::ThreadsGuard g(2);
+          two = flex::grouped_decode_attention(q, k, v, keep, scale);
+        }
+        const std::string what = to_string(isa) + " " + c10::toString(dt) + " H " + std::to_string(c.h) + " Hkv " +
+                                 std::to_string(c.kvh) + " D " + std::to_string(c.d) + " Dv " + std::to_string(c.dv) +
+                                 " S " + std::to_string(c.s) + " mask " + std::to_string(c.mask);
+        EXPECT_TRUE(flex_test::equal(two, one)) << what << ": 1 vs 2 threads";
+        const int64_t g = c.h / c.kvh;
+        const at::Tensor allowed = keep.defined() ? keep.view({keep.size(0), 1, 1, c.s}) : at::Tensor();
+        const at::Tensor want = reference(q, fd::repeat_kv(k, g), fd::repeat_kv(v, g), allowed, scale, 0);
+        // float32: a few roundings of the products, exp (2 ulp) and sums; bf16: plus the final rounding (2^-9).
+        const double rtol = dt == at::kFloat ? 2e-6 : 4e-3, atol = dt == at::kFloat ? 2e-6 : 1e-5;
+        EXPECT_TRUE(flex_test::close(one.to(at::kDouble), want, rtol, atol)) << what;
+        const at::Tensor diff = (one.to(at::kDouble) - want).abs() / (want.abs() + 1);
+        const int64_t at_ = diff.argmax().item<int64_t>();
+        if (diff.view(-1)[at_].item<double>() > worst) {
+          worst = diff.view(-1)[at_].item<double>();
+          worst_at = what + ", flat index " + std::to_string(at_);
+        }
+      }
+      std::cout << "decode kernel " << to_string(isa) << " " << dt << ": largest |got - want| / (|want| + 1) " << worst
+                << " (" << worst_at << ")\n";
+    }
+  }
+}
+
+// The kernel refuses what it cannot compute, naming the tensor.
+TEST(Attend, DecodeKernelRefusesBadInputsByName) {
+  const at::Tensor q = at::randn({2, 4, 1, 8}), k = at::randn({2, 2, 5, 8}), v = at::randn({2, 2, 5, 8});
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const flex::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THROW(flex::grouped_decode_attention(q, at::randn({2, 3, 5, 8}), v, {}, 1.0), flex::ShapeError);
+  EXPECT_THROW(flex::grouped_decode_attention(at::randn({2, 4, 2, 8}), k, v, {}, 1.0), flex::ShapeError);
+  EXPECT_THROW(flex::grouped_decode_attention(q, k.narrow(2, 0, 0), v.narrow(2, 0, 0), {}, 1.0), flex::ShapeError);
+  EXPECT_NE(message([&] { flex::grouped_decode_attention(q, k, v, at::ones({3, 5}, at::kBool), 1.0); }).find("allowed"),
+            std::string::npos);
+  EXPECT_NO_THROW(flex::grouped_decode_attention(q, k, v, at::ones({2, 5}, at::kBool), 1.0));  // the control
+  EXPECT_NE(message([&] { flex::grouped_decode_attention(q, k.to(at::kBFloat16), v, {}, 1.0); }).find("k is BFloat16"),
+            std::string::npos);
+  EXPECT_THROW(flex::grouped_decode_attention(q, k, at::randn({2, 2, 8, 5}).transpose(2, 3), {}, 1.0), flex::UnsupportedError);
+  EXPECT_THROW(flex::grouped_decode_attention(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), {}, 1.0),
+               flex::UnsupportedError);
+}
+
+// The softmax kernels' exp (exp_poly.h) against std::exp in double over its
+// whole domain, on every ISA: largest relative error printed, within 2.5e-7
+// (about 2 ulp); 0 below float32's smallest normal's log, exactly 1 at 0.
+TEST(Attend, SoftmaxExpIsWithinItsStatedErrorOfStdExp) {
+  const int64_t n = 1 << 20;
+  std::vector<float> x(n), y(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = -87.33f * static_cast<float>(i) / static_cast<float>(n - 1);
+  for (const flex::Isa isa : flex_test::isa_levels()) {
+    flex::ScopedIsa scoped(isa);
+    flex::softmax_exp(x.data(), y.data(), n);
+    double worst = 0;
+    int64_t at_ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = std::exp(static_cast<double>(x[i])), r = std::abs(y[i] - e) / e;
+      if (r > worst) worst = r, at_ = i;
+    }
+    std::cout << "softmax_exp " << to_string(isa) << ": largest relative error " << worst << " at x = " << x[at_]
+              << "\n";
+    EXPECT_LE(worst, 2.5e-7) << to_string(isa) << " at x = " << x[at_] << ": " << y[at_];
+    const float edge[] = {0.0f, -88.0f, -1000.0f, -std::numeric_limits<float>::infinity()};
+    float out[4];
+    flex::softmax_exp(edge, out, 4);
+    EXPECT_EQ(out[0], 1.0f) << to_string(isa);
+    EXPECT_EQ(out[1], 0.0f) << to_string(isa);
+    EXPECT_EQ(out[2], 0.0f) << to_string(isa);
+    EXPECT_EQ(out[3], 0.0f) << to_string(isa);
+  }
 }
 
 TEST(Attend, ScoreOrderAndUpcastOptionsMatchTheirFormula) {
