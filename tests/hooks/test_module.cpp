@@ -213,8 +213,8 @@ TEST(Layers, MatchIndependentFormulas) {
 
 // RMSNorm's one-pass kernel (flex::fused_rms_norm, taken where no graph is
 // recorded) against float64 with the dtype casts where each Scale variant
-// puts them; 1 and 2 threads bit-equal; with a graph, the libtorch ops and
-// their gradient.
+// puts them, and bit-equal to the libtorch op chain it replaces; 1 and 2
+// threads bit-equal; with a graph, the libtorch ops and their gradient.
 namespace {
 
 at::Tensor rms_reference(const at::Tensor& x, const at::Tensor& w, double eps, RMSNorm::Scale scale) {
@@ -237,7 +237,7 @@ TEST(Layers, FusedRmsNormMatchesFloat64ForEachScaleAndDtype) {
   for (auto scale : {RMSNorm::Scale::Weight, RMSNorm::Scale::WeightThenCast, RMSNorm::Scale::OnePlusWeight})
     for (auto xt : {at::kFloat, at::kBFloat16})
       for (auto wt : {at::kFloat, at::kBFloat16})
-        for (int64_t dim : {2048, 37}) {  // a decode row; a length with a tail after 16-wide steps
+        for (int64_t dim : {2048, 37, 5}) {  // a decode row; tails after 8-lane steps; under 8 lanes
           SCOPED_TRACE(::testing::Message() << "scale " << static_cast<int>(scale) << " x " << xt << " w " << wt
                                             << " dim " << dim);
           RMSNorm rms(dim, 1e-5, "LlamaRMSNorm", at::TensorOptions().dtype(wt), scale);
@@ -258,6 +258,15 @@ TEST(Layers, FusedRmsNormMatchesFloat64ForEachScaleAndDtype) {
             const double same = y.eq(expected).to(at::kDouble).mean().item<double>();
             EXPECT_GE(same, 0.97) << "share of elements bit-equal to the float64 reference";
           }
+          // The libtorch op chain RMSNorm ran before the kernel: the same bits
+          // (the mean's sum too, added in libtorch's order).
+          const at::Tensor h = x.to(at::kFloat);
+          const at::Tensor n = h * at::rsqrt(h.pow(2).mean(-1, true) + 1e-5);
+          const at::Tensor ops = scale == RMSNorm::Scale::WeightThenCast ? (rms.weight * n).to(xt)
+                                 : scale == RMSNorm::Scale::OnePlusWeight
+                                     ? (n * (rms.weight.to(at::kFloat) + 1.0)).to(xt)
+                                     : rms.weight * n.to(xt);
+          EXPECT_TRUE(flex_test::equal(y, ops));
         }
 }
 
