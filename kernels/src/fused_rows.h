@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +34,16 @@ inline int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, 32768
 
 /// The last dim is contiguous (or has one element).
 inline bool last_dim_contiguous(const at::Tensor& t) { return t.dim() >= 1 && (t.size(-1) <= 1 || t.stride(-1) == 1); }
+
+/// False when FLEX_FUSED_ELEMENTWISE=0 (read once): the callers' op chains
+/// run, for a benchmark's A/B in one binary or a bug report.
+inline bool fused_elementwise_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLEX_FUSED_ELEMENTWISE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
 
 inline bool float_or_bf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;

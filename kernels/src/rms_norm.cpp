@@ -146,7 +146,8 @@ void rms_dispatch_weight(const at::Tensor& x, const at::Tensor& weight, at::Tens
 }  // namespace
 
 bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
-  return x.defined() && weight.defined() && x.device().is_cpu() && weight.device().is_cpu() &&
+  return detail::fused_elementwise_enabled() && x.defined() && weight.defined() && x.device().is_cpu() &&
+         weight.device().is_cpu() &&
          detail::float_or_bf16(x) && detail::float_or_bf16(weight) && !x.is_sparse() && x.layout() == at::kStrided &&
          detail::last_dim_contiguous(x) && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
          weight.is_contiguous() && !detail::records_grad(x, weight, at::Tensor());

@@ -63,7 +63,8 @@ bool table_fits(const at::Tensor& t, const at::Tensor& x) {
 }  // namespace
 
 bool fused_rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || !detail::float_or_bf16(x) ||
+  if (!detail::fused_elementwise_enabled() || !x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided ||
+      !detail::float_or_bf16(x) ||
       x.dim() != 4 || x.size(3) % 2 != 0 || !detail::last_dim_contiguous(x) || !table_fits(cos, x) ||
       !table_fits(sin, x))
     return false;

@@ -1,14 +1,14 @@
 // silu_mul: silu(gate) * up, the SwiGLU MLP's two elementwise ops (and their
 // intermediate tensor) as one pass, AVX-512 only: exp needs a vector
 // polynomial to beat libtorch's vectorized silu, and below AVX-512 the two
-// ops keep running. silu(g) = g / (1 + exp(-g)) as libtorch writes it,
-// rounded to the dtype before the product as the separate ops round it.
+// ops keep running. silu(g) = g / (1 + exp(-g)) with libtorch's exp, rounded
+// to the dtype before the product as the separate ops round it: the result
+// is the two ops' bit for bit.
 #include <flex/hooks/errors.h>
 #include <flex/kernels/cpu_isa.h>
 #include <flex/kernels/fused_elementwise.h>
 #include <flex/kernels/target.h>
 
-#include "exp_constants.h"
 #include "fused_rows.h"
 #include "records_grad.h"
 
@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <limits>
 #include <type_traits>
 
 FLEX_KERNELS_BEGIN
@@ -27,27 +28,45 @@ namespace {
 using BF16 = c10::BFloat16;
 
 #if FLEX_HAVE_X86_KERNELS
+// exp(-g) as libtorch's vectorized silu computes it (SLEEF's expf, 1-ulp
+// version: q = round(d / ln2), d - q ln2 in two FMA steps, a degree-5
+// polynomial, 2^q applied in two halves; 0 below -104, inf above 100), so
+// that g / (1 + exp(-g)) has at::silu's bits (checked on 2M values, the
+// tests compare with at::silu).
+struct SiluExp {
+  static constexpr float log2e = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+  static constexpr float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187045e-06f;
+  static constexpr float c0 = 0.000198527617612853646278381f, c1 = 0.00139304355252534151077271f,
+                         c2 = 0.00833336077630519866943359f, c3 = 0.0416664853692054748535156f,
+                         c4 = 0.166666671633720397949219f, c5 = 0.5f;
+};
+
+FLEX_TARGET_AVX512 inline __m512 pow2i_avx512(__m512i q) {  // 2^q for q in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(127)), 23));
+}
+
 FLEX_TARGET_AVX512 inline __m512 silu_avx512(__m512 g) {
-  using C = detail::ExpConstants;
-  // t = -g within [-20, 100]: below -17, 1 + exp(t) rounds to 1 anyway; above
-  // 88.73 scalef overflows to inf as expf does (g / inf = -0, and NaN for
-  // g = -inf, as libtorch gets). A NaN g gives the bound (max_ps returns its
-  // second operand then) and g / (...) stays NaN.
-  __m512 t = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(-20.0f));
-  t = _mm512_min_ps(t, _mm512_set1_ps(100.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(C::log2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_hi), t);
-  f = _mm512_fnmadd_ps(k, _mm512_set1_ps(C::ln2_lo), f);
-  __m512 p = _mm512_set1_ps(C::p0);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(C::p5));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, f), f, f), _mm512_set1_ps(1.0f));
-  const __m512 e = _mm512_scalef_ps(y, k);
-  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  using C = SiluExp;
+  const __m512 d = _mm512_sub_ps(_mm512_setzero_ps(), g);  // -g (exact)
+  const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(d, _mm512_set1_ps(C::log2e)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 qf = _mm512_cvtepi32_ps(q);
+  __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-C::ln2_hi), d);
+  s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-C::ln2_lo), s);
+  __m512 u = _mm512_set1_ps(C::c0);
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(C::c1));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(C::c2));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(C::c3));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(C::c4));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(C::c5));
+  u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
+  const __m512i half = _mm512_srai_epi32(q, 1);
+  u = _mm512_mul_ps(_mm512_mul_ps(u, pow2i_avx512(half)), pow2i_avx512(_mm512_sub_epi32(q, half)));
+  u = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_NLT_US), u);  // 0 below -104
+  u = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OQ),
+                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  u = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q), d);  // NaN stays NaN
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), u));
 }
 
 // float32 -> bf16 bits (in the low half of each lane), round to nearest even
@@ -99,7 +118,8 @@ void silu_mul_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
 }  // namespace
 
 bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up) {
-  return FLEX_HAVE_X86_KERNELS && cpu_isa() >= Isa::Avx512 && gate.defined() && up.defined() &&
+  return FLEX_HAVE_X86_KERNELS && cpu_isa() >= Isa::Avx512 && detail::fused_elementwise_enabled() && gate.defined() &&
+         up.defined() &&
          gate.device().is_cpu() && up.device().is_cpu() && gate.layout() == at::kStrided &&
          up.layout() == at::kStrided && detail::float_or_bf16(gate) && up.scalar_type() == gate.scalar_type() &&
          gate.sizes() == up.sizes() && detail::last_dim_contiguous(gate) && detail::last_dim_contiguous(up) &&

@@ -8,11 +8,13 @@
 // Each kernel takes CPU float32 / bfloat16 tensors whose last dim is
 // contiguous and that record no autograd graph; `*_applies` says whether it
 // takes these tensors, and callers keep their libtorch code otherwise. The
-// arithmetic is the libtorch ops' in the same order and dtypes; only a sum
-// (RMSNorm's mean) and exp (SiLU) may differ in the last bits. Rows (vectors
+// arithmetic is the libtorch ops' in the same order and dtypes (RMSNorm's
+// mean summed in libtorch's order, SiLU's exp as libtorch's): the results
+// are the op chains' bit for bit (libtorch 2.13 on x86-64). Rows (vectors
 // along the last dim) are independent and each is done by one thread, so the
 // bits do not depend on the thread count; a few rows (a decode step) stay on
 // the calling thread, many (a prompt) are spread over the threads.
+// FLEX_FUSED_ELEMENTWISE=0 turns all three off (every *_applies is false).
 #include <ATen/core/Tensor.h>
 
 namespace flex {
@@ -42,7 +44,7 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 /// libtorch's two ops run).
 bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up);
 /// silu(gate) * up, silu rounded to the dtype before the product, as the two
-/// ops round it; exp is a polynomial within 2 ulp of the exact one. Contiguous.
+/// ops round it, with at::silu's exp. Contiguous.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace flex
