@@ -4,7 +4,8 @@
 // and k [1, 4, 1, 64] (views with heads and time swapped, as attention makes
 // them), silu(gate) * up of [1, 1, 5632]; float32 and bf16. Microseconds per
 // call, medians of interleaved rounds (ops, fused, ops, ...), on the calling
-// thread (one row never leaves it).
+// thread (one row never leaves it). ATEN_CPU_CAPABILITY=avx2 FLEX_CPU_ISA=avx2
+// compares the AVX2 builds of both.
 //
 //   ./bench_fused_elementwise [--rounds N]
 #include <flex/kernels/fused_elementwise.h>
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
       row(("silu*up [1,1,5632] " + t).c_str(), [&] { return at::silu(gate) * up; },
           [&] { return flex::silu_mul(gate, up); }, rounds);
     else
-      std::printf("silu*up: no AVX-512, the kernel does not apply\n");
+      std::printf("silu*up %s: the kernel does not apply at this ISA level\n", t.c_str());
   }
   return 0;
 }

@@ -194,50 +194,58 @@ TEST(Architectures, GatedMlpMatchesFloat64AndAHookedActivationIsStillCalled) {
   }
 }
 
-// silu_mul itself on the values where exp is delicate (both overflow sides,
-// +-inf, NaN) and a length with a tail after 16-wide steps, float32 and bf16,
+// silu_mul itself, on each ISA level it runs at, on the values where exp is
+// delicate (both overflow sides, +-inf, NaN) and a length with tails after
+// 8- and 16-wide steps, float32 and bf16,
 // against float64 rounded where the two ops round and against the two ops
 // (the same bits); 1 and 2 threads bit-equal.
 TEST(Architectures, SiluTimesUpKernelMatchesFloat64) {
-  if (!silu_mul_applies(at::zeros({1}), at::zeros({1}))) GTEST_SKIP() << "silu_mul needs an AVX-512 CPU";
-  at::manual_seed(2);
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> special = {-inf, -105.0f, -100.5f, -88.8f, -88.6f, -17.5f, -1e-3f, 0.0f,
                                       std::numeric_limits<float>::quiet_NaN(), 17.5f, 30.0f, 88.8f, 100.5f,
                                       105.0f, inf, -0.0f};
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    SCOPED_TRACE(::testing::Message() << dtype);
-    at::Tensor g = at::randn({3, 37}) * 8.0;
-    g[0].narrow(0, 0, 16).copy_(at::tensor(special));
-    g = g.to(dtype);
-    const at::Tensor u = (at::randn({3, 37}) * 4.0).to(dtype);
-    const at::Tensor y = silu_mul(g, u);
-    const at::Tensor gd = g.to(at::kDouble);
-    const at::Tensor silu = (gd / (1.0 + at::exp(-gd))).to(dtype).to(at::kDouble);  // rounded as at::silu's result
-    const at::Tensor expected = (silu * u.to(at::kDouble)).to(dtype);
-    // NaN where g is NaN or -inf (-inf / inf); elsewhere finite values
-    const at::Tensor nan = expected.isnan();
-    EXPECT_TRUE(flex_test::equal(y.isnan(), nan));
-    const at::Tensor yv = y.masked_fill(nan, 0.0), ev = expected.masked_fill(nan, 0.0);
-    if (dtype == at::kFloat) {
-      EXPECT_TRUE(flex_test::close(yv, ev, 1e-6, 1e-30));
-    } else {
-      EXPECT_TRUE(flex_test::close(yv, ev, 1.0 / 128, 1e-30));
-      EXPECT_GE(yv.eq(ev).to(at::kDouble).mean().item<double>(), 0.97) << "share bit-equal to float64 rounded";
+  int levels = 0;
+  for (const Isa isa : flex_test::isa_levels()) {
+    ScopedIsa cap(isa);
+    if (!silu_mul_applies(at::zeros({1}), at::zeros({1}))) continue;  // below AVX2: the two ops run
+    ++levels;
+    at::manual_seed(2);
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << to_string(isa) << " " << dtype);
+      at::Tensor g = at::randn({3, 37}) * 8.0;
+      g[0].narrow(0, 0, 16).copy_(at::tensor(special));
+      g = g.to(dtype);
+      const at::Tensor u = (at::randn({3, 37}) * 4.0).to(dtype);
+      if (!silu_mul_applies(g, u)) continue;  // bf16 below AVX-512
+      const at::Tensor y = silu_mul(g, u);
+      const at::Tensor gd = g.to(at::kDouble);
+      const at::Tensor silu = (gd / (1.0 + at::exp(-gd))).to(dtype).to(at::kDouble);  // rounded as at::silu's result
+      const at::Tensor expected = (silu * u.to(at::kDouble)).to(dtype);
+      // NaN where g is NaN or -inf (-inf / inf); elsewhere finite values
+      const at::Tensor nan = expected.isnan();
+      EXPECT_TRUE(flex_test::equal(y.isnan(), nan));
+      const at::Tensor yv = y.masked_fill(nan, 0.0), ev = expected.masked_fill(nan, 0.0);
+      if (dtype == at::kFloat) {
+        EXPECT_TRUE(flex_test::close(yv, ev, 1e-6, 1e-30));
+      } else {
+        EXPECT_TRUE(flex_test::close(yv, ev, 1.0 / 128, 1e-30));
+        EXPECT_GE(yv.eq(ev).to(at::kDouble).mean().item<double>(), 0.97) << "share bit-equal to float64 rounded";
+      }
+      // and the two libtorch ops it replaces, bit for bit (exp as at::silu's)
+      const at::Tensor ops = at::silu(g) * u;
+      EXPECT_TRUE(flex_test::equal(ops.isnan(), y.isnan()));
+      EXPECT_TRUE(flex_test::equal(y.masked_fill(y.isnan(), 0.0), ops.masked_fill(ops.isnan(), 0.0)));
     }
-    // and the two libtorch ops it replaces, bit for bit (exp as at::silu's)
-    const at::Tensor ops = at::silu(g) * u;
-    EXPECT_TRUE(flex_test::equal(ops.isnan(), y.isnan()));
-    EXPECT_TRUE(flex_test::equal(y.masked_fill(y.isnan(), 0.0), ops.masked_fill(ops.isnan(), 0.0)));
+    const at::Tensor g = at::randn({64, 1000}), u = at::randn({64, 1000});
+    at::Tensor one;
+    {
+      flex_test::ThreadsGuard threads(1);
+      one = silu_mul(g, u);
+    }
+    flex_test::ThreadsGuard threads(2);
+    EXPECT_TRUE(flex_test::equal(silu_mul(g, u), one));
   }
-  const at::Tensor g = at::randn({64, 1000}), u = at::randn({64, 1000});
-  at::Tensor one;
-  {
-    flex_test::ThreadsGuard threads(1);
-    one = silu_mul(g, u);
-  }
-  flex_test::ThreadsGuard threads(2);
-  EXPECT_TRUE(flex_test::equal(silu_mul(g, u), one));
+  if (levels == 0) GTEST_SKIP() << "silu_mul needs an AVX2 CPU";
 }
 
 }  // namespace

@@ -40,8 +40,8 @@ bool fused_rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// gate and up of one shape and dtype (float32 / bf16) on the CPU, last dims
-/// contiguous, no graph, and an AVX-512 CPU (cpu_isa() >= Avx512; below it
-/// libtorch's two ops run).
+/// contiguous, no graph, and cpu_isa() >= Avx2 for float32, >= Avx512 for
+/// bf16 (below, libtorch's two ops are as fast or faster).
 bool silu_mul_applies(const at::Tensor& gate, const at::Tensor& up);
 /// silu(gate) * up, silu rounded to the dtype before the product, as the two
 /// ops round it, with at::silu's exp. Contiguous.
