@@ -12,8 +12,9 @@
 // shared machine's interruptions drop out), in GB/s of stored bytes; decode
 // with T threads reads at most T times that.
 //
-// --type NAME: only that type (Q8_0, Q4_0, ..., Q6_K). (Prefill takes the
-// float tiles in both activation modes, design decision 50, so one column.)
+// --type NAME: only that type (Q8_0, Q4_0, ..., Q6_K). (The prefill column
+// is the faithful float tiles; --prefill times the fast bf16 ones beside
+// them, design decision 58.)
 //
 // --quantile TYPE [T]: single calls from memory at T threads, their 10th and
 // 50th percentiles (below). --prefill: a 128-row product's parts (below).
