@@ -70,7 +70,11 @@ void prefill_bf16(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t N,
   const at::Tensor xb = xf.to(at::kBFloat16);
   // Whole 32s of rows: oneDNN's kernels take 16 or 32 columns at a time (a
   // 93-row tile of the 5632-input down projection ran 10% slower than 64).
-  const int64_t tile = std::min<int64_t>(N, std::max<int64_t>(32, kBf16TileBytes / (2 * K) / 32 * 32));
+  // At least 4 tiles where N allows, so that a small product (k and v: 256
+  // rows) still feeds 2 threads; the tiles follow from the shapes alone.
+  const int64_t quarter = (N / 4 + 31) / 32 * 32;
+  const int64_t tile =
+      std::min<int64_t>(N, std::max<int64_t>(32, std::min<int64_t>(kBf16TileBytes / (2 * K) / 32 * 32, quarter)));
   const int64_t tiles = (N + tile - 1) / tile;
   const int64_t stage_rows = std::max<int64_t>(1, kStageBytes / (4 * K));
   kernel::shared_chunks(tiles, 1, [&](int64_t t0, int64_t t1) {
