@@ -34,7 +34,7 @@ void dequantize_rows(uint32_t type, const uint8_t* w, int64_t row_bytes, int64_t
 }
 
 // Fast activations: the inputs rounded to bfloat16 once per call, each tile
-// of weight rows dequantized (float32, kStageRows rows at a time, in L1/L2)
+// of weight rows dequantized (float32, kStageBytes of rows at a time, in L1)
 // and rounded to bfloat16, and the tile's product taken by libtorch's
 // bfloat16 GEMM (oneDNN's vdpbf16ps kernels: float32 sums, one rounding of
 // each output to bfloat16, widened back to float32 here).
@@ -59,8 +59,8 @@ void to_bf16(const float* x, at::BFloat16* out, int64_t n) {
 #endif
 
 // oneDNN's bfloat16 GEMM, where libtorch has it and the CPU has AVX512_BF16
-// (elsewhere libtorch's bfloat16 product is a slow generic loop, slower
-// than the float tiles).
+// (without vdpbf16ps a bf16 product has no faster arithmetic than the
+// float tiles, only extra roundings; not measured, no such CPU here).
 bool bf16_gemm_applies() {
   return FLEX_HAVE_X86_KERNELS && cpu_isa() == Isa::Avx512Bf16 && at::hasMKLDNN();
 }
