@@ -353,4 +353,36 @@ TEST(GgmlLinear, BadShapesAndTypesAreTypedErrors) {
   flex_test::expect_error<flex::ShapeError>([&] { flex::ggml_row_bytes(12, 300); }, {"300", "Q4_K"});
 }
 
+// ggml_linear_group (a decode step's q/k/v, gate/up in one region) gives each
+// weight's ggml_linear bits: weights of different types and sizes (one
+// smaller than a chunk), with and without bias, both activation modes,
+// decode and prefill shapes, 1 and 2 threads.
+TEST(GgmlLinear, GroupEqualsOneCallPerWeight) {
+  at::manual_seed(11);
+  const int64_t K = 512;
+  const std::vector<std::pair<uint32_t, int64_t>> shapes = {{2, 160}, {12, 40}, {8, 96}, {14, 64}};  // Q4_0, Q4_K, Q8_0, Q6_K
+  std::vector<flex::GgmlWeight> weights;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [type, n] = shapes[i];
+    weights.push_back({type, random_blocks(type, n, K), n, i % 2 ? at::randn({n}) : at::Tensor()});
+  }
+  for (int threads : {1, 2})
+    for (int64_t M : {1, 3, 12})
+      for (auto act : {flex::GgmlActivations::Float, flex::GgmlActivations::Q8}) {
+        flex_test::ThreadsGuard t(threads);
+        const at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
+        const std::vector<at::Tensor> group = flex::ggml_linear_group(weights, K, x, act);
+        ASSERT_EQ(group.size(), weights.size());
+        for (size_t i = 0; i < weights.size(); ++i) {
+          const flex::GgmlWeight& w = weights[i];
+          const at::Tensor one = flex::ggml_linear(w.type, w.weight, w.out, K, x, w.bias, act);
+          EXPECT_EQ(group[i].scalar_type(), at::kBFloat16);
+          EXPECT_TRUE(flex_test::equal(group[i], one)) << "weight " << i << " M=" << M << " threads=" << threads;
+        }
+      }
+  // A weight whose input size disagrees is named as ggml_linear names it.
+  weights.push_back({2, random_blocks(2, 32, 256), 32, at::Tensor()});
+  EXPECT_THROW(flex::ggml_linear_group(weights, K, at::randn({1, K})), flex::ShapeError);
+}
+
 }  // namespace
