@@ -208,29 +208,32 @@ FLEX_TARGET_AVX512 float exp_row_avx512(float* p, int64_t n) {  // n: a multiple
   return _mm512_reduce_add_ps(sum);
 }
 
-// NH heads (rows j0 .. j0 + NH of the unit), 32 columns a pass.
+// NH heads (rows j0 .. j0 + NH of the unit), 64 columns a pass: a value
+// row of 64 floats is read whole, in one sweep down the rows.
 template <int NH, class T>
 FLEX_TARGET_AVX512 void values_avx512(const UnitArgs<T>& a, int64_t j0, const float* inv) {
+  constexpr int V = 4;  // vectors a pass
   const float* p = a.p + j0 * a.Sp;
-  for (int64_t c = 0; c < a.Dv; c += 32) {
-    const __mmask16 m0 = live16(a.Dv - c), m1 = live16(a.Dv - c - 16);
-    __m512 lo[NH], hi[NH];
-    for (int j = 0; j < NH; ++j) lo[j] = hi[j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < a.Dv; c += 16 * V) {
+    __mmask16 m[V];
+    for (int i = 0; i < V; ++i) m[i] = live16(a.Dv - c - 16 * i);
+    __m512 acc[NH][V];
+    for (int j = 0; j < NH; ++j)
+      for (int i = 0; i < V; ++i) acc[j][i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < a.S; ++s) {
       if (a.mask && !a.mask[s]) continue;
       const T* vr = a.v.row(s) + c;
-      const __m512 v0 = load16(vr, m0), v1 = load16(vr + 16, m1);
+      __m512 x[V];
+      for (int i = 0; i < V; ++i) x[i] = load16(vr + 16 * i, m[i]);
       for (int j = 0; j < NH; ++j) {
         const __m512 w = _mm512_set1_ps(p[j * a.Sp + s]);
-        lo[j] = _mm512_fmadd_ps(w, v0, lo[j]);
-        hi[j] = _mm512_fmadd_ps(w, v1, hi[j]);
+        for (int i = 0; i < V; ++i) acc[j][i] = _mm512_fmadd_ps(w, x[i], acc[j][i]);
       }
     }
     for (int j = 0; j < NH; ++j) {
       float* o = a.dst + (j0 + j) * a.dst_stride + c;
       const __m512 f = _mm512_set1_ps(inv[j0 + j]);
-      _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(lo[j], f));
-      _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(hi[j], f));
+      for (int i = 0; i < V; ++i) _mm512_mask_storeu_ps(o + 16 * i, m[i], _mm512_mul_ps(acc[j][i], f));
     }
   }
 }
@@ -377,8 +380,8 @@ struct Level {
 #if FLEX_HAVE_X86_KERNELS
 template <class T>
 void values_avx512_all(const UnitArgs<T>& a, const float* inv) {
-  for (int64_t j0 = 0; j0 < a.n; j0 += kMaxHeads)
-    kernel::with_group(static_cast<int>(std::min(kMaxHeads, a.n - j0)),
+  for (int64_t j0 = 0; j0 < a.n; j0 += 4)  // 4 heads x 4 vectors: 16 accumulators
+    kernel::with_group(static_cast<int>(std::min<int64_t>(4, a.n - j0)),
                        [&](auto nh) { values_avx512<decltype(nh)::value, T>(a, j0, inv); });
 }
 template <class T>
