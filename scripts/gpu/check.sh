@@ -25,6 +25,11 @@
 # each is capped to the time left, so the run ends in time even when a stage
 # hangs; a stage that fails does not stop the next.
 #
+# A GPU machine without network: run scripts/gpu/offline-deps.sh on one with
+# it first and carry build-devdeps/ along (CHECK_OFFLINE_DEPS names another
+# folder); the build stage then installs cmake/ninja wheels and unpacks the
+# library packages from it.
+#
 # Env: CHECK_LIMIT_S (530), FLEXMODEL_BUILD (build-gpu), CHECK_SKIP_BUILD=1
 # (use the build as it is), CHECK_JOBS (nproc), CHECK_CTEST_ARGS (added to the
 # suite's ctest, e.g. "-R hooks_"), CHECK_CLI_MODELS (a regex choosing the
@@ -96,6 +101,19 @@ fi
 # --- 1. build --------------------------------------------------------------------
 stage "build (cap $(cap 300 200)s)"
 start=$SECONDS
+# A machine without a package registry: the tools and packages
+# scripts/gpu/offline-deps.sh fetched elsewhere, carried in CHECK_OFFLINE_DEPS.
+offline=${CHECK_OFFLINE_DEPS:-$root/build-devdeps}
+if [ -d "$offline/wheels" ] && ! { command -v cmake && command -v ninja; } >/dev/null 2>&1; then
+  echo "offline deps: installing $(ls "$offline/wheels" | tr '\n' ' ')"
+  "$py" -m pip install --no-index -q --break-system-packages "$offline"/wheels/*.whl 2>&1 | tail -2 ||
+    "$py" -m pip install --no-index -q "$offline"/wheels/*.whl 2>&1 | tail -2
+  hash -r
+fi
+if [ -z "${FLEX_DEPS_DEBS:-}" ] && [ -d "$offline/debs" ] && ls "$offline"/debs/*.deb >/dev/null 2>&1; then
+  export FLEX_DEPS_DEBS=$offline/debs
+  echo "offline deps: FLEX_DEPS_DEBS=$FLEX_DEPS_DEBS"
+fi
 if [ -n "${CHECK_SKIP_BUILD:-}" ]; then
   echo "CHECK_SKIP_BUILD: using $build as it is"
   record build skipped "$start"
