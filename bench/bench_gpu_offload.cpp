@@ -17,7 +17,7 @@
 //
 //   bench_gpu_offload --model DIR --device-map MAP.json [--config NAME]
 //       [--offload-folder DIR] [--prompt-len 512] [--new-tokens 64]
-//       [--repeats 2] [--warmup-tokens 4] [--capture N] [--prefetch-depth D]
+//       [--repeats 2] [--warmup-tokens 16] [--capture N] [--prefetch-depth D]
 //       [--dtype bfloat16] [--threads T] [--graph-modes 1]
 //   bench_gpu_offload --write-tiny-llama DIR   (a 2-layer float32 Llama for smoke tests)
 //
@@ -47,7 +47,7 @@ namespace {
 
 struct Args {
   std::string model, device_map, offload_folder, config = "unnamed", dtype = "bfloat16";
-  int64_t prompt_len = 512, new_tokens = 64, warmup_tokens = 4;
+  int64_t prompt_len = 512, new_tokens = 64, warmup_tokens = 16;  // as bench_accelerate.py (its note on 4)
   int repeats = 2, capture = 0, prefetch = -1, threads = 0;
   bool graph_modes = false;  // --graph-modes 1: the decode-mode rows (design decision 51) instead
 };
@@ -55,7 +55,7 @@ struct Args {
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s --model DIR --device-map MAP.json [--config NAME] [--offload-folder DIR]\n"
-               "  [--prompt-len 512] [--new-tokens 64] [--repeats 2] [--warmup-tokens 4] [--capture N] [--graph-modes 1]\n"
+               "  [--prompt-len 512] [--new-tokens 64] [--repeats 2] [--warmup-tokens 16] [--capture N] [--graph-modes 1]\n"
                "  [--prefetch-depth D] [--dtype bfloat16] [--threads T]\n"
                "  or: %s --write-tiny-llama DIR\n",
                argv0, why.c_str(), argv0, argv0);
