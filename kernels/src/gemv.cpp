@@ -280,67 +280,6 @@ int64_t chunk_rows(int64_t N, int64_t row_bytes, int64_t threads) {
   return std::clamp((N + threads * 8 - 1) / (threads * 8), min_rows, max_rows);
 }
 
-// The product for weights of element type T (x already [M, K], contiguous,
-// of the weight's dtype): out [M, N] in that dtype.
-template <typename T>
-at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Tensor& bias, bool out_in, int64_t M,
-                    int64_t N, int64_t K) {
-  const Isa isa = cpu_isa();
-  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
-  // Float multiply-adds need x in float: widened once per call (bf16), or x itself.
-  const bool dot_bf16 = kBf16 && out_in && isa >= Isa::Avx512Bf16;
-  const at::Tensor xf = dot_bf16 ? at::Tensor() : xc.to(at::kFloat);
-  const Gemv<T> a{static_cast<const T*>(weight.data_ptr()),
-                  kBf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr,
-                  xf.defined() ? xf.data_ptr<float>() : nullptr, K};
-  if (!out_in) {
-    at::Tensor out = at::empty({M, N}, at::kFloat);
-    float* op = out.data_ptr<float>();
-    // Chunks of kInOutRows rows, each a contiguous run of the weight that one
-    // thread streams whole (a band of columns would be a few KB of each row,
-    // too short for the hardware prefetcher), into its own partial sums;
-    // then the partials are added in chunk order. Chunks depend on K alone:
-    // the same bits for any thread count.
-    constexpr int64_t kInOutRows = 64;
-    const int64_t chunks = (K + kInOutRows - 1) / kInOutRows;
-    std::vector<float> part(static_cast<size_t>(chunks * M * N), 0.0f);
-    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t k0 = c * kInOutRows, k1 = std::min(K, k0 + kInOutRows);
-        float* acc = part.data() + c * M * N;
-#if FLEX_HAVE_X86_KERNELS
-        if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, k0, k1, acc);
-#endif
-        if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, k0, k1, acc);
-      }
-    });
-    at::parallel_for(0, M * N, 4096, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        float sum = part[i];
-        for (int64_t c = 1; c < chunks; ++c) sum += part[c * M * N + i];
-        op[i] = sum;
-      }
-    });
-    if (bias.defined()) out.add_(bias.to(at::kFloat));
-    return out.to(weight.scalar_type());
-  }
-  at::Tensor out = at::empty({M, N}, weight.options());
-  T* op = static_cast<T*>(out.data_ptr());
-  const at::Tensor b = bias.defined() ? bias.contiguous() : at::Tensor();
-  const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-  // Chunks of weight rows taken in order from a shared counter, each a
-  // contiguous run read front to back (shared_chunks). Which thread computes
-  // a row changes, the row's sum never: the same bits for any count.
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (N + 15) / 16));
-  kernel::shared_chunks(N, chunk_rows(N, row_bytes, threads), [&](int64_t j0, int64_t j1) {
-    for (int64_t m0 = 0; m0 < M; m0 += 8)
-      kernel::with_group(static_cast<int>(std::min<int64_t>(8, M - m0)),
-                         [&](auto G) { gemv_rows<T, decltype(G)::value>(isa, a, bp, m0, j0, j1, op, N); });
-  });
-  return out;
-}
-
 // The OutIn products of one input with several weights (gemv_group): the
 // chunks of all weights in one shared counter, each chunk within one weight
 // and computed as run_gemv computes it, so each output has run_gemv's bits.
@@ -390,6 +329,50 @@ std::vector<at::Tensor> run_gemv_group(const at::Tensor& xc, const std::vector<s
     }
   });
   return outs;
+}
+
+// The product for weights of element type T (x already [M, K], contiguous,
+// of the weight's dtype): out [M, N] in that dtype.
+template <typename T>
+at::Tensor run_gemv(const at::Tensor& xc, const at::Tensor& weight, const at::Tensor& bias, bool out_in, int64_t M,
+                    int64_t N, int64_t K) {
+  // OutIn: rows of the weight in chunks from a shared counter (run_gemv_group).
+  if (out_in) return run_gemv_group<T>(xc, {{weight, bias}}, M, K).front();
+  const Isa isa = cpu_isa();
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  const at::Tensor xf = xc.to(at::kFloat);  // float multiply-adds need x in float
+  const Gemv<T> a{static_cast<const T*>(weight.data_ptr()),
+                  kBf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr, xf.data_ptr<float>(), K};
+  // InOut: each chunk of weight rows into its own partial sums.
+  at::Tensor out = at::empty({M, N}, at::kFloat);
+  float* op = out.data_ptr<float>();
+  // Chunks of kInOutRows rows, each a contiguous run of the weight that one
+  // thread streams whole (a band of columns would be a few KB of each row,
+  // too short for the hardware prefetcher), into its own partial sums;
+  // then the partials are added in chunk order. Chunks depend on K alone:
+  // the same bits for any thread count.
+  constexpr int64_t kInOutRows = 64;
+  const int64_t chunks = (K + kInOutRows - 1) / kInOutRows;
+  std::vector<float> part(static_cast<size_t>(chunks * M * N), 0.0f);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t k0 = c * kInOutRows, k1 = std::min(K, k0 + kInOutRows);
+      float* acc = part.data() + c * M * N;
+#if FLEX_HAVE_X86_KERNELS
+      if (isa >= Isa::Avx512) gemv_in_out_avx512(a, M, N, k0, k1, acc);
+#endif
+      if (isa < Isa::Avx512) gemv_in_out_scalar(a, M, N, k0, k1, acc);
+    }
+  });
+  at::parallel_for(0, M * N, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float sum = part[i];
+      for (int64_t c = 1; c < chunks; ++c) sum += part[c * M * N + i];
+      op[i] = sum;
+    }
+  });
+  if (bias.defined()) out.add_(bias.to(at::kFloat));
+  return out.to(weight.scalar_type());
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "sibling_projections.h"
 
+#include "attention.h"
+
 #include <flex/kernels/linear.h>
 #include <flex/quant/ggml_format.h>
 
@@ -10,7 +12,7 @@ namespace flex::detail {
 namespace {
 // A plain Linear (whose call is DenseLayer::forward) with no hook.
 bool unhooked(const Linear& m) {
-  return typeid(m) == typeid(Linear) && m.model_hook() == nullptr && m.num_registered_hooks() == 0;
+  return typeid(m) == typeid(Linear) && !has_hook(m);
 }
 }  // namespace
 
